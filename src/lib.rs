@@ -1,0 +1,4 @@
+//! prefixlb: a load balancer for LLM inference clusters that routes each prompt to the GPU that
+//! already holds its prefix in KV cache, and overflows to the next one when that GPU is full.
+
+pub mod routing;

@@ -1,0 +1,540 @@
+//! The routing key: what of a request must be equal for two requests to share a KV cache.
+//!
+//! Sources, first that applies wins: a session header; the stable prefix of an OpenAI chat,
+//! completions or SGLang generate body; a fallback (the client address, or nothing, which
+//! spreads by load). The body may be a prefix cut anywhere, even mid-string or mid-codepoint:
+//! jiter's pull parser walks it with partial strings allowed, stops as soon as the key is
+//! complete, and tells a cut body (ask for more bytes) from a malformed one (fall back).
+//!
+//! The chat key is `model` plus every message up to and including the first `user` message.
+//! History grows at the end, so every turn of one conversation yields the same key, while two
+//! conversations that share only a system prompt differ in their first user message.
+
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderName, Method};
+use jiter::{Jiter, JiterError, JiterErrorType, JsonErrorType, Peek};
+
+use super::hash::KeyEncoder;
+
+pub const DEFAULT_SESSION_HEADER: &str = "x-session-id";
+pub const DEFAULT_PREFIX_CHARS: usize = 2048;
+
+/// Where a request's key comes from when its headers and body give none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// Requests from one client address share a key.
+    ClientAddr,
+    /// No key: the request is spread by load.
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct KeyConfig {
+    /// `None` disables the session header source.
+    pub session_header: Option<HeaderName>,
+    /// Request paths (without query) whose POST bodies carry a key; `None` disables a source.
+    pub chat_path: Option<String>,
+    pub completions_path: Option<String>,
+    pub generate_path: Option<String>,
+    /// How much of a completions `prompt` (or generate `text`) is the key, in characters.
+    pub prefix_chars: usize,
+    pub fallback: Fallback,
+}
+
+impl Default for KeyConfig {
+    fn default() -> Self {
+        Self {
+            session_header: Some(HeaderName::from_static(DEFAULT_SESSION_HEADER)),
+            chat_path: Some("/v1/chat/completions".into()),
+            completions_path: Some("/v1/completions".into()),
+            generate_path: Some("/generate".into()),
+            prefix_chars: DEFAULT_PREFIX_CHARS,
+            fallback: Fallback::ClientAddr,
+        }
+    }
+}
+
+/// Which source produced a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeySource {
+    SessionHeader,
+    Chat,
+    Completions,
+    Generate,
+    ClientAddr,
+    None,
+}
+
+impl KeySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeySource::SessionHeader => "session_header",
+            KeySource::Chat => "chat",
+            KeySource::Completions => "completions",
+            KeySource::Generate => "generate",
+            KeySource::ClientAddr => "client_addr",
+            KeySource::None => "none",
+        }
+    }
+}
+
+/// Why a prompt-carrying request fell back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FallbackReason {
+    /// Not a prompt route, and no session header.
+    NoKeySource,
+    EmptyBody,
+    /// Not JSON, or JSON that breaks off before the body ends.
+    InvalidJson,
+    InvalidUtf8,
+    /// JSON, but not an object with the fields this route expects.
+    WrongShape,
+    TooDeep,
+    /// No messages, prompt or text field.
+    NoPrompt,
+    /// The peek limit was reached before any part of the key.
+    PeekLimit,
+}
+
+impl FallbackReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackReason::NoKeySource => "no_key_source",
+            FallbackReason::EmptyBody => "empty_body",
+            FallbackReason::InvalidJson => "invalid_json",
+            FallbackReason::InvalidUtf8 => "invalid_utf8",
+            FallbackReason::WrongShape => "wrong_shape",
+            FallbackReason::TooDeep => "too_deep",
+            FallbackReason::NoPrompt => "no_prompt",
+            FallbackReason::PeekLimit => "peek_limit",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutingKey {
+    /// The point on the ring; `None` spreads the request by load.
+    pub hash: Option<u64>,
+    pub source: KeySource,
+    pub fallback: Option<FallbackReason>,
+}
+
+impl RoutingKey {
+    /// The key in the form [`pingora_load_balancing::selection::BackendSelection::iter`] takes.
+    pub fn hash_bytes(&self) -> Option<[u8; 8]> {
+        self.hash.map(u64::to_be_bytes)
+    }
+}
+
+/// How much more of the body may follow the bytes given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// More bytes may come: a cut key asks for them.
+    More,
+    /// The body is complete.
+    Complete,
+    /// More bytes exist but will not be read: a cut key is used as far as it goes.
+    Limit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extract {
+    Key(RoutingKey),
+    NeedMore,
+}
+
+/// The body formats that carry a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    Chat,
+    Completions,
+    Generate,
+}
+
+impl BodyKind {
+    fn source(self) -> KeySource {
+        match self {
+            BodyKind::Chat => KeySource::Chat,
+            BodyKind::Completions => KeySource::Completions,
+            BodyKind::Generate => KeySource::Generate,
+        }
+    }
+}
+
+/// One request as the key extractor sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestParts<'a> {
+    pub method: &'a Method,
+    pub path: &'a str,
+    pub headers: &'a HeaderMap,
+    pub client: Option<IpAddr>,
+    pub body: &'a [u8],
+    pub end: BodyEnd,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct KeyExtractor {
+    config: KeyConfig,
+}
+
+impl KeyExtractor {
+    pub fn new(config: KeyConfig) -> Self {
+        Self { config }
+    }
+
+    pub fn config(&self) -> &KeyConfig {
+        &self.config
+    }
+
+    /// The body format to peek at, or `None` when the key comes from the headers alone.
+    pub fn body_kind(&self, method: &Method, path: &str, headers: &HeaderMap) -> Option<BodyKind> {
+        if *method != Method::POST || self.session_key(headers).is_some() {
+            return None;
+        }
+        let is = |p: &Option<String>| p.as_deref() == Some(path);
+        if is(&self.config.chat_path) {
+            Some(BodyKind::Chat)
+        } else if is(&self.config.completions_path) {
+            Some(BodyKind::Completions)
+        } else if is(&self.config.generate_path) {
+            Some(BodyKind::Generate)
+        } else {
+            None
+        }
+    }
+
+    pub fn key_for(&self, req: &RequestParts<'_>) -> Extract {
+        if let Some(key) = self.session_key(req.headers) {
+            return Extract::Key(key);
+        }
+        let Some(kind) = self.body_kind(req.method, req.path, req.headers) else {
+            return Extract::Key(self.fallback(req.client, FallbackReason::NoKeySource));
+        };
+        match self.body_key(kind, req.body, req.end) {
+            Ok(hash) => Extract::Key(RoutingKey {
+                hash: Some(hash),
+                source: kind.source(),
+                fallback: None,
+            }),
+            Err(Cut::NeedMore) => Extract::NeedMore,
+            Err(Cut::Fallback(reason)) => Extract::Key(self.fallback(req.client, reason)),
+        }
+    }
+
+    fn session_key(&self, headers: &HeaderMap) -> Option<RoutingKey> {
+        let value = headers.get(self.config.session_header.as_ref()?)?;
+        if value.is_empty() {
+            return None;
+        }
+        let mut enc = KeyEncoder::with_capacity(value.len() + 5);
+        enc.part(b'S', value.as_bytes());
+        Some(RoutingKey {
+            hash: Some(enc.finish()),
+            source: KeySource::SessionHeader,
+            fallback: None,
+        })
+    }
+
+    pub fn fallback(&self, client: Option<IpAddr>, reason: FallbackReason) -> RoutingKey {
+        let hash = match (self.config.fallback, client) {
+            (Fallback::ClientAddr, Some(ip)) => {
+                let mut enc = KeyEncoder::with_capacity(21);
+                match ip {
+                    IpAddr::V4(v4) => enc.part(b'4', &v4.octets()),
+                    IpAddr::V6(v6) => enc.part(b'6', &v6.octets()),
+                }
+                Some(enc.finish())
+            }
+            _ => None,
+        };
+        RoutingKey {
+            hash,
+            source: if hash.is_some() {
+                KeySource::ClientAddr
+            } else {
+                KeySource::None
+            },
+            fallback: Some(reason),
+        }
+    }
+
+    fn body_key(&self, kind: BodyKind, body: &[u8], end: BodyEnd) -> Result<u64, Cut> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Err(match end {
+                BodyEnd::More => Cut::NeedMore,
+                BodyEnd::Complete => Cut::Fallback(FallbackReason::EmptyBody),
+                BodyEnd::Limit => Cut::Fallback(FallbackReason::PeekLimit),
+            });
+        }
+        let mut enc = KeyEncoder::with_capacity(body.len().min(4096) + 64);
+        let scan = match kind {
+            BodyKind::Chat => scan(body, &mut enc, PromptField::Messages, true),
+            BodyKind::Completions => scan(
+                body,
+                &mut enc,
+                PromptField::Text("prompt", self.config.prefix_chars),
+                true,
+            ),
+            BodyKind::Generate => scan(
+                body,
+                &mut enc,
+                PromptField::Text("text", self.config.prefix_chars),
+                false,
+            ),
+        };
+        match scan {
+            Ok(true) => Ok(enc.finish()),
+            Ok(false) => Err(Cut::Fallback(FallbackReason::NoPrompt)),
+            Err(e) if is_cut(&e, body.len()) => match end {
+                BodyEnd::More => Err(Cut::NeedMore),
+                BodyEnd::Limit if !enc.is_empty() => Ok(enc.finish()),
+                BodyEnd::Limit => Err(Cut::Fallback(FallbackReason::PeekLimit)),
+                BodyEnd::Complete => Err(Cut::Fallback(FallbackReason::InvalidJson)),
+            },
+            Err(e) => Err(Cut::Fallback(reason_of(&e, body))),
+        }
+    }
+}
+
+enum Cut {
+    NeedMore,
+    Fallback(FallbackReason),
+}
+
+/// Whether a parse error comes from the body ending, not from bad input.
+fn is_cut(e: &JiterError, len: usize) -> bool {
+    match &e.error_type {
+        JiterErrorType::JsonError(t) => {
+            matches!(
+                t,
+                JsonErrorType::EofWhileParsingList
+                    | JsonErrorType::EofWhileParsingObject
+                    | JsonErrorType::EofWhileParsingString
+                    | JsonErrorType::EofWhileParsingValue
+                    | JsonErrorType::UnexpectedEndOfHexEscape
+            ) || e.index >= len
+        }
+        JiterErrorType::WrongType { .. } => false,
+    }
+}
+
+fn reason_of(e: &JiterError, body: &[u8]) -> FallbackReason {
+    match &e.error_type {
+        // jiter types a value by its first byte, so `nonsense` reads as a malformed null.
+        JiterErrorType::WrongType { .. } if Jiter::new(body).next_skip().is_err() => {
+            FallbackReason::InvalidJson
+        }
+        JiterErrorType::WrongType { .. } => FallbackReason::WrongShape,
+        JiterErrorType::JsonError(JsonErrorType::RecursionLimitExceeded) => FallbackReason::TooDeep,
+        JiterErrorType::JsonError(JsonErrorType::InvalidUnicodeCodePoint) => {
+            FallbackReason::InvalidUtf8
+        }
+        JiterErrorType::JsonError(_) => FallbackReason::InvalidJson,
+    }
+}
+
+/// With partial strings allowed, a string that runs to the end of the data may be cut: only a
+/// byte after it proves it complete.
+fn ensure_not_cut(j: &Jiter<'_>, len: usize) -> Result<(), JiterError> {
+    if j.current_index() < len {
+        return Ok(());
+    }
+    Err(JiterError {
+        error_type: JiterErrorType::JsonError(JsonErrorType::EofWhileParsingString),
+        index: len,
+    })
+}
+
+/// A shape error found by the walk itself rather than by jiter.
+fn wrong_shape(j: &Jiter<'_>) -> JiterError {
+    JiterError {
+        error_type: JiterErrorType::WrongType {
+            expected: jiter::JsonType::Object,
+            actual: jiter::JsonType::Array,
+        },
+        index: j.current_index(),
+    }
+}
+
+#[derive(Clone, Copy)]
+enum PromptField {
+    /// Chat `messages`: every message up to and including the first `user` one.
+    Messages,
+    /// A string field (or the first string of an array), cut at this many characters.
+    Text(&'static str, usize),
+}
+
+// Part tags of the canonical encoding.
+const MODEL: u8 = b'm';
+const ROLE: u8 = b'r';
+const CONTENT: u8 = b'c';
+const PROMPT: u8 = b'p';
+
+/// Walks the top-level object, encoding the model and the prompt part. `Ok(true)`: the key is
+/// complete; `Ok(false)`: the object ended without a prompt. A cut body is an EOF error.
+fn scan(
+    body: &[u8],
+    enc: &mut KeyEncoder,
+    prompt: PromptField,
+    wants_model: bool,
+) -> Result<bool, JiterError> {
+    enum Field {
+        Model,
+        Prompt,
+        Other,
+    }
+    let prompt_name = match prompt {
+        PromptField::Messages => "messages",
+        PromptField::Text(name, _) => name,
+    };
+    let mut j = Jiter::new(body).with_allow_partial_strings();
+    let (mut have_model, mut have_prompt) = (!wants_model, false);
+    let mut key = j.next_object()?.map(|k| classify(k, prompt_name));
+    while let Some(field) = key {
+        match field {
+            Field::Model if !have_model => {
+                enc.part(MODEL, j.next_str()?.as_bytes());
+                ensure_not_cut(&j, body.len())?;
+                have_model = true;
+            }
+            Field::Prompt if !have_prompt => {
+                let stopped_early = match prompt {
+                    PromptField::Messages => scan_messages(&mut j, enc)?,
+                    PromptField::Text(_, chars) => scan_text(&mut j, enc, chars, body.len())?,
+                };
+                have_prompt = true;
+                if have_model {
+                    return Ok(true);
+                }
+                if stopped_early {
+                    skip_rest_of_array(&mut j)?;
+                }
+            }
+            _ => j.next_skip()?,
+        }
+        if have_model && have_prompt {
+            return Ok(true);
+        }
+        key = j.next_key()?.map(|k| classify(k, prompt_name));
+    }
+    return Ok(have_prompt);
+
+    fn classify(key: &str, prompt_name: &str) -> Field {
+        if key == "model" {
+            Field::Model
+        } else if key == prompt_name {
+            Field::Prompt
+        } else {
+            Field::Other
+        }
+    }
+}
+
+fn skip_rest_of_array(j: &mut Jiter<'_>) -> Result<(), JiterError> {
+    while j.array_step()?.is_some() {
+        j.next_skip()?;
+    }
+    Ok(())
+}
+
+/// Encodes messages up to the first `user` one. True when it stopped inside the array.
+fn scan_messages(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<bool, JiterError> {
+    let mut next = j.next_array()?;
+    while let Some(peek) = next {
+        if peek != Peek::Object {
+            return Err(wrong_shape(j));
+        }
+        if scan_message(j, enc)? {
+            return Ok(true);
+        }
+        next = j.array_step()?;
+    }
+    Ok(false)
+}
+
+/// Encodes one message's role and text; true when it is a `user` message.
+fn scan_message(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<bool, JiterError> {
+    enum Field {
+        Role,
+        Content,
+        Other,
+    }
+    let classify = |k: &str| match k {
+        "role" => Field::Role,
+        "content" => Field::Content,
+        _ => Field::Other,
+    };
+    let mut is_user = false;
+    let mut key = j.known_object()?.map(classify);
+    while let Some(field) = key {
+        match field {
+            Field::Role => {
+                let role = j.next_str()?;
+                is_user = role == "user";
+                enc.part(ROLE, role.as_bytes());
+            }
+            Field::Content => scan_content(j, enc)?,
+            Field::Other => j.next_skip()?,
+        }
+        key = j.next_key()?.map(classify);
+    }
+    Ok(is_user)
+}
+
+/// A message's content: a string, null, or an array of parts whose `text` fields count.
+fn scan_content(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<(), JiterError> {
+    match j.peek()? {
+        Peek::String => enc.part(CONTENT, j.known_str()?.as_bytes()),
+        Peek::Null => j.known_null()?,
+        Peek::Array => {
+            let mut next = j.known_array()?;
+            while let Some(peek) = next {
+                if peek != Peek::Object {
+                    return Err(wrong_shape(j));
+                }
+                let mut key = j.known_object()?.map(|k| k == "text");
+                while let Some(is_text) = key {
+                    if is_text && j.peek()? == Peek::String {
+                        enc.part(CONTENT, j.known_str()?.as_bytes());
+                    } else {
+                        j.next_skip()?;
+                    }
+                    key = j.next_key()?.map(|k| k == "text");
+                }
+                next = j.array_step()?;
+            }
+        }
+        _ => return Err(wrong_shape(j)),
+    }
+    Ok(())
+}
+
+/// A prompt string, or the first string of an array, cut at `chars` characters. True when it
+/// stopped inside an array.
+fn scan_text(
+    j: &mut Jiter<'_>,
+    enc: &mut KeyEncoder,
+    chars: usize,
+    len: usize,
+) -> Result<bool, JiterError> {
+    let in_array = match j.peek()? {
+        Peek::String => false,
+        Peek::Array => match j.known_array()? {
+            Some(Peek::String) => true,
+            _ => return Err(wrong_shape(j)),
+        },
+        _ => return Err(wrong_shape(j)),
+    };
+    let text = j.known_str()?;
+    let (cut, long_enough) = match text.char_indices().nth(chars) {
+        Some((i, _)) => (i, true),
+        None => (text.len(), false),
+    };
+    enc.part(PROMPT, text[..cut].as_bytes());
+    // A partial string already `chars` long is complete as a key.
+    if !long_enough {
+        ensure_not_cut(j, len)?;
+    }
+    Ok(in_array)
+}

@@ -1,0 +1,189 @@
+//! In-flight accounting: one atomic counter per peer, taken with a compare-and-swap against the
+//! peer's bound and released by an RAII guard.
+//!
+//! A [`PeerLoad`] is keyed by the peer's identity and outlives any one ring: a rebuild hands the
+//! same `Arc` to the new ring, so a peer that stays keeps its count, and a removed peer's count
+//! drains through the [`Slot`]s that still hold it.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Load shared by every peer of a router, across ring rebuilds.
+#[derive(Debug, Default)]
+pub struct ClusterLoad {
+    in_flight: AtomicU64,
+}
+
+impl ClusterLoad {
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+/// The live state of one peer: what it carries, what it may carry, and whether it may be chosen.
+#[derive(Debug)]
+pub struct PeerLoad {
+    id: String,
+    weight: AtomicU32,
+    max_in_flight: AtomicU32,
+    in_flight: AtomicU32,
+    healthy: AtomicBool,
+    draining: AtomicBool,
+    removed: AtomicBool,
+    cluster: Arc<ClusterLoad>,
+}
+
+/// `max_in_flight` of a peer that has no fixed ceiling.
+pub const UNLIMITED: u32 = u32::MAX;
+
+impl PeerLoad {
+    pub fn new(id: String, weight: u32, max_in_flight: u32, cluster: Arc<ClusterLoad>) -> Self {
+        Self {
+            id,
+            weight: AtomicU32::new(weight.max(1)),
+            max_in_flight: AtomicU32::new(max_in_flight),
+            in_flight: AtomicU32::new(0),
+            healthy: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
+            cluster,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+    pub fn max_in_flight(&self) -> u32 {
+        self.max_in_flight.load(Ordering::Relaxed)
+    }
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+    pub fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+    pub fn removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    /// Healthy, not draining and still a member: the walk may choose it.
+    pub fn eligible(&self) -> bool {
+        self.healthy() && !self.draining() && !self.removed()
+    }
+
+    pub(crate) fn set_limits(&self, weight: u32, max_in_flight: u32) {
+        self.weight.store(weight.max(1), Ordering::Relaxed);
+        self.max_in_flight.store(max_in_flight, Ordering::Relaxed);
+    }
+    pub(crate) fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+    }
+    pub(crate) fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::Relaxed);
+    }
+    pub(crate) fn set_removed(&self, removed: bool) {
+        self.removed.store(removed, Ordering::Relaxed);
+    }
+
+    /// Takes a slot if the peer carries fewer than `bound` requests. The check and the increment
+    /// are one compare-and-swap, so concurrent takers can never push the count past `bound`.
+    pub fn try_take(self: &Arc<Self>, bound: u32) -> Option<Slot> {
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < bound).then_some(n + 1)
+            })
+            .ok()?;
+        self.cluster.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Slot {
+            peer: Arc::clone(self),
+        })
+    }
+
+    /// Takes a slot with no ceiling (pure sticky hashing).
+    pub fn take(self: &Arc<Self>) -> Slot {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.cluster.in_flight.fetch_add(1, Ordering::Relaxed);
+        Slot {
+            peer: Arc::clone(self),
+        }
+    }
+}
+
+/// One in-flight request on one peer. Dropping it releases the slot, exactly once.
+#[derive(Debug)]
+pub struct Slot {
+    peer: Arc<PeerLoad>,
+}
+
+impl Slot {
+    pub fn peer(&self) -> &Arc<PeerLoad> {
+        &self.peer
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.peer.cluster.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(max: u32) -> Arc<PeerLoad> {
+        Arc::new(PeerLoad::new("p".into(), 1, max, Arc::default()))
+    }
+
+    #[test]
+    fn take_stops_at_bound_and_drop_releases_once() {
+        let p = peer(2);
+        let a = p.try_take(2).unwrap();
+        let b = p.try_take(2).unwrap();
+        assert!(p.try_take(2).is_none());
+        assert_eq!(p.cluster.in_flight(), 2);
+        drop(a);
+        assert_eq!(p.in_flight(), 1);
+        let c = p.try_take(2).unwrap();
+        drop((b, c));
+        assert_eq!(p.in_flight(), 0);
+        assert_eq!(p.cluster.in_flight(), 0);
+    }
+
+    #[test]
+    fn bound_holds_under_eight_threads() {
+        let p = peer(5);
+        let peak = Arc::new(AtomicU32::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (p, peak) = (Arc::clone(&p), Arc::clone(&peak));
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    for i in 0..20_000u32 {
+                        if let Some(s) = p.try_take(5) {
+                            peak.fetch_max(p.in_flight(), Ordering::Relaxed);
+                            held.push(s);
+                        }
+                        if i % 3 == 0 {
+                            held.pop();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(peak.load(Ordering::Relaxed) <= 5);
+        assert!(peak.load(Ordering::Relaxed) >= 1);
+        assert_eq!(p.in_flight(), 0);
+        assert_eq!(p.cluster.in_flight(), 0);
+    }
+}

@@ -1,0 +1,314 @@
+//! Routing-key extraction: stable across turns, distinct across conversations, and safe on any
+//! prefix of any body.
+
+use http::{HeaderMap, HeaderValue, Method};
+use prefixlb::routing::*;
+use proptest::prelude::*;
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn extractor() -> KeyExtractor {
+    KeyExtractor::default()
+}
+
+fn key_of(path: &str, body: &[u8], end: BodyEnd) -> Extract {
+    extractor().key_for(&RequestParts {
+        method: &Method::POST,
+        path,
+        headers: &HeaderMap::new(),
+        client: Some("192.0.2.7".parse().unwrap()),
+        body,
+        end,
+    })
+}
+
+fn full_key(path: &str, body: &str) -> RoutingKey {
+    match key_of(path, body.as_bytes(), BodyEnd::Complete) {
+        Extract::Key(k) => k,
+        Extract::NeedMore => panic!("a complete body needs no more"),
+    }
+}
+
+fn conversation(system: &str, first: &str, turns: usize) -> String {
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": system}),
+        serde_json::json!({"role": "user", "content": first}),
+    ];
+    for t in 1..turns {
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("answer {t} ✓")}));
+        messages.push(serde_json::json!({"role": "user", "content": format!("follow-up {t}")}));
+    }
+    serde_json::json!({"model": "llama-3-8b", "stream": true, "messages": messages}).to_string()
+}
+
+#[test]
+fn chat_key_is_stable_across_turns_and_differs_across_conversations() {
+    let system = "You are a careful clinical assistant. ".repeat(40);
+    let t1 = full_key(CHAT, &conversation(&system, "Patient A, 54, chest pain", 1));
+    let t5 = full_key(CHAT, &conversation(&system, "Patient A, 54, chest pain", 5));
+    let other = full_key(CHAT, &conversation(&system, "Patient B, 31, migraine", 1));
+    assert_eq!(t1.source, KeySource::Chat);
+    assert_eq!(t1.fallback, None);
+    assert_eq!(t1, t5);
+    assert_ne!(t1.hash, other.hash);
+    // A first turn shorter than any fixed cut still matches its later turns.
+    let short1 = full_key(CHAT, &conversation("Be brief.", "hi", 1));
+    let short5 = full_key(CHAT, &conversation("Be brief.", "hi", 5));
+    assert_eq!(short1, short5);
+}
+
+#[test]
+fn chat_key_reads_text_parts_and_developer_messages() {
+    let as_string = r#"{"model":"m","messages":[{"role":"developer","content":"rules"},{"role":"user","content":"question"}]}"#;
+    let as_parts = r#"{"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"rules"}]},{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:x"}},{"type":"text","text":"question"}]}]}"#;
+    assert_eq!(full_key(CHAT, as_string), full_key(CHAT, as_parts));
+    let other_rules = as_string.replace("rules", "other rules");
+    assert_ne!(full_key(CHAT, as_string), full_key(CHAT, &other_rules));
+    let other_model = as_string.replace("\"m\"", "\"n\"");
+    assert_ne!(full_key(CHAT, as_string), full_key(CHAT, &other_model));
+}
+
+#[test]
+fn model_after_messages_still_counts() {
+    let first = r#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],"model":"m1"}"#;
+    let second = first.replace("m1", "m2");
+    assert_ne!(full_key(CHAT, first), full_key(CHAT, &second));
+}
+
+#[test]
+fn key_is_complete_before_the_body_is() {
+    let rest = (0..20)
+        .map(|t| {
+            format!(
+                r#",{{"role":"assistant","content":"a{t}"}},{{"role":"user","content":"q{t}"}}"#
+            )
+        })
+        .collect::<String>();
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"sys"}},{{"role":"user","content":"first question"}}{rest}]}}"#
+    );
+    let end_of_first = body.find("first question").unwrap() + "first question\"}".len();
+    // Up to the end of the first user message the key needs more; right after, it is done.
+    assert_eq!(
+        key_of(CHAT, &body.as_bytes()[..end_of_first - 3], BodyEnd::More),
+        Extract::NeedMore
+    );
+    assert_eq!(
+        key_of(CHAT, &body.as_bytes()[..end_of_first + 1], BodyEnd::More),
+        Extract::Key(full_key(CHAT, &body))
+    );
+}
+
+#[test]
+fn completions_and_generate_use_a_character_prefix() {
+    let long = "α".repeat(3000);
+    let a = format!(r#"{{"model":"m","prompt":"{long} tail one"}}"#);
+    let b = format!(r#"{{"model":"m","prompt":"{long} tail two"}}"#);
+    let ka = full_key("/v1/completions", &a);
+    assert_eq!(ka.source, KeySource::Completions);
+    assert_eq!(
+        ka,
+        full_key("/v1/completions", &b),
+        "only the first 2048 chars count"
+    );
+    let arr = format!(r#"{{"model":"m","prompt":["{long} x","other"]}}"#);
+    assert_eq!(ka, full_key("/v1/completions", &arr));
+    assert_ne!(
+        ka,
+        full_key("/v1/completions", r#"{"model":"m","prompt":"short"}"#)
+    );
+    // A cut prompt already 2048 characters long is complete without the rest of the body.
+    let cut = &a.as_bytes()[..4200];
+    assert_eq!(
+        key_of("/v1/completions", cut, BodyEnd::More),
+        Extract::Key(ka)
+    );
+    assert_eq!(
+        key_of("/v1/completions", &a.as_bytes()[..3000], BodyEnd::More),
+        Extract::NeedMore
+    );
+
+    let g = full_key(
+        "/generate",
+        &format!(r#"{{"text":"{long}","sampling_params":{{}}}}"#),
+    );
+    assert_eq!(g.source, KeySource::Generate);
+}
+
+#[test]
+fn session_header_wins_and_other_routes_fall_back() {
+    let mut headers = HeaderMap::new();
+    headers.insert("x-session-id", HeaderValue::from_static("conv-1"));
+    let ex = extractor();
+    let with_header = |body: &[u8]| {
+        ex.key_for(&RequestParts {
+            method: &Method::POST,
+            path: CHAT,
+            headers: &headers,
+            client: None,
+            body,
+            end: BodyEnd::More,
+        })
+    };
+    let Extract::Key(k) = with_header(b"") else {
+        panic!("a session header needs no body")
+    };
+    assert_eq!(k.source, KeySource::SessionHeader);
+    assert_eq!(with_header(b"{\"model\":"), Extract::Key(k));
+    assert_eq!(ex.body_kind(&Method::POST, CHAT, &headers), None);
+    assert_eq!(
+        ex.body_kind(&Method::POST, CHAT, &HeaderMap::new()),
+        Some(BodyKind::Chat)
+    );
+    assert_eq!(ex.body_kind(&Method::GET, CHAT, &HeaderMap::new()), None);
+
+    let Extract::Key(models) = key_of("/v1/models", b"", BodyEnd::Complete) else {
+        panic!()
+    };
+    assert_eq!(models.source, KeySource::ClientAddr);
+    assert_eq!(models.fallback, Some(FallbackReason::NoKeySource));
+}
+
+#[test]
+fn bad_bodies_fall_back_with_a_reason() {
+    let cases: &[(&[u8], FallbackReason)] = &[
+        (b"", FallbackReason::EmptyBody),
+        (b"   ", FallbackReason::EmptyBody),
+        (b"not json", FallbackReason::InvalidJson),
+        (b"[1,2,3]", FallbackReason::WrongShape),
+        (br#"{"messages":"hi"}"#, FallbackReason::WrongShape),
+        (br#"{"messages":[1]}"#, FallbackReason::WrongShape),
+        (
+            br#"{"messages":[{"role":"user","content":7}]}"#,
+            FallbackReason::WrongShape,
+        ),
+        (br#"{"model":"m"}"#, FallbackReason::NoPrompt),
+        // Breaks off before the key is complete. (Past that point the rest is not read: the
+        // upstream judges the body.)
+        (
+            br#"{"model":"m","messages":[{"role":"user","content":"x""#,
+            FallbackReason::InvalidJson,
+        ),
+        (
+            b"{\"model\":\"\xff\xfe\",\"messages\":[]}",
+            FallbackReason::InvalidUtf8,
+        ),
+    ];
+    for (body, reason) in cases {
+        let Extract::Key(k) = key_of(CHAT, body, BodyEnd::Complete) else {
+            panic!(
+                "complete body {:?} asked for more",
+                String::from_utf8_lossy(body)
+            )
+        };
+        assert_eq!(
+            k.fallback,
+            Some(*reason),
+            "{:?}",
+            String::from_utf8_lossy(body)
+        );
+        assert_eq!(k.source, KeySource::ClientAddr);
+    }
+    let deep = format!(
+        r#"{{"extra":{}1{},"messages":[]}}"#,
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    let Extract::Key(k) = key_of(CHAT, deep.as_bytes(), BodyEnd::Complete) else {
+        panic!()
+    };
+    assert_eq!(k.fallback, Some(FallbackReason::TooDeep));
+
+    let none = KeyExtractor::new(KeyConfig {
+        fallback: Fallback::None,
+        ..KeyConfig::default()
+    });
+    let Extract::Key(k) = none.key_for(&RequestParts {
+        method: &Method::POST,
+        path: CHAT,
+        headers: &HeaderMap::new(),
+        client: Some("192.0.2.1".parse().unwrap()),
+        body: b"oops",
+        end: BodyEnd::Complete,
+    }) else {
+        panic!()
+    };
+    assert_eq!((k.hash, k.source), (None, KeySource::None));
+}
+
+#[test]
+fn peek_limit_uses_the_key_as_far_as_it_goes() {
+    let body = conversation("s", &"long first message ".repeat(500), 3);
+    let cut = &body.as_bytes()[..2000];
+    let Extract::Key(a) = key_of(CHAT, cut, BodyEnd::Limit) else {
+        panic!()
+    };
+    assert_eq!(a.source, KeySource::Chat);
+    let Extract::Key(b) = key_of(CHAT, &body.as_bytes()[..2000], BodyEnd::Limit) else {
+        panic!()
+    };
+    assert_eq!(a, b);
+    let Extract::Key(nothing) = key_of(CHAT, b"{\"mod", BodyEnd::Limit) else {
+        panic!()
+    };
+    assert_eq!(nothing.fallback, Some(FallbackReason::PeekLimit));
+}
+
+/// Every byte offset of a sample request, under every kind of end: never a panic, a cut body
+/// never yields a key that differs from the full one, and only a complete body is final.
+#[test]
+fn truncation_at_every_offset_never_panics() {
+    let body = format!(
+        r#"{{"model":"qwen2.5-7b","temperature":0.2,"messages":[{{"role":"system","content":"Tu es un assistant \"précis\" \u00e9\n{}"}},{{"role":"user","content":[{{"type":"text","text":"第一个问题 🚀 \\ud83d\\ude80"}}]}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"1"}}]}},{{"role":"user","content":"next"}}],"max_tokens":64}}"#,
+        "règle ".repeat(20)
+    );
+    let full = full_key(CHAT, &body);
+    assert_eq!(full.source, KeySource::Chat);
+    let bytes = body.as_bytes();
+    for cut in 0..=bytes.len() {
+        let prefix = &bytes[..cut];
+        match key_of(CHAT, prefix, BodyEnd::More) {
+            Extract::NeedMore => {}
+            Extract::Key(k) => assert_eq!(k, full, "cut at {cut} gave a different key"),
+        }
+        let _ = key_of(CHAT, prefix, BodyEnd::Limit);
+        let _ = key_of(CHAT, prefix, BodyEnd::Complete);
+        let _ = key_of("/v1/completions", prefix, BodyEnd::More);
+        let _ = key_of("/generate", prefix, BodyEnd::Limit);
+    }
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..512)) {
+        for path in [CHAT, "/v1/completions", "/generate"] {
+            for end in [BodyEnd::More, BodyEnd::Complete, BodyEnd::Limit] {
+                let _ = key_of(path, &body, end);
+            }
+        }
+    }
+
+    #[test]
+    fn arbitrary_json_never_panics(v in json_value()) {
+        let body = serde_json::json!({"model": "m", "messages": v.clone(), "prompt": v.clone(), "text": v}).to_string();
+        for path in [CHAT, "/v1/completions", "/generate"] {
+            let _ = key_of(path, body.as_bytes(), BodyEnd::Complete);
+        }
+    }
+}
+
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::from),
+        any::<i64>().prop_map(serde_json::Value::from),
+        "[a-z\"\\\\é🚀]{0,8}".prop_map(serde_json::Value::from),
+    ];
+    leaf.prop_recursive(4, 32, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+            prop::collection::btree_map("role|content|text|type|[a-z]{1,3}", inner, 0..4)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
