@@ -531,7 +531,7 @@ fn scan_text(
         Some((i, _)) => (i, true),
         None => (text.len(), false),
     };
-    enc.part(PROMPT, text[..cut].as_bytes());
+    enc.part(PROMPT, &text.as_bytes()[..cut]);
     // A partial string already `chars` long is complete as a key.
     if !long_enough {
         ensure_not_cut(j, len)?;

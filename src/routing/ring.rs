@@ -91,13 +91,9 @@ impl Ring {
 
     /// Distinct peer indices in clockwise order from the first point at or after `hash`.
     pub fn walk(&self, hash: u64) -> Walk<'_> {
-        let start = self.points.partition_point(|&p| p < hash);
         Walk {
             ring: self,
-            start,
-            taken: 0,
-            seen: SeenSet::new(self.peers.len()),
-            yielded: 0,
+            state: WalkState::new(self, hash),
         }
     }
 
@@ -118,21 +114,42 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// Clockwise walk over distinct peers.
 pub struct Walk<'r> {
     ring: &'r Ring,
-    start: usize,
-    taken: usize,
-    seen: SeenSet,
-    yielded: usize,
+    state: WalkState,
 }
 
 impl Iterator for Walk<'_> {
     type Item = usize;
 
     fn next(&mut self) -> Option<usize> {
-        let n = self.ring.points.len();
-        while self.yielded < self.ring.peers.len() && self.taken < n {
+        self.state.next(self.ring)
+    }
+}
+
+/// Where a walk is, apart from the ring it walks, so that an iterator owning an `Arc<Ring>`
+/// can walk lazily too.
+struct WalkState {
+    start: usize,
+    taken: usize,
+    yielded: usize,
+    seen: SeenSet,
+}
+
+impl WalkState {
+    fn new(ring: &Ring, hash: u64) -> Self {
+        Self {
+            start: ring.points.partition_point(|&p| p < hash),
+            taken: 0,
+            yielded: 0,
+            seen: SeenSet::new(ring.peers.len()),
+        }
+    }
+
+    fn next(&mut self, ring: &Ring) -> Option<usize> {
+        let n = ring.points.len();
+        while self.yielded < ring.peers.len() && self.taken < n {
             let at = (self.start + self.taken) % n;
             self.taken += 1;
-            let owner = self.ring.owners[at] as usize;
+            let owner = ring.owners[at] as usize;
             if self.seen.insert(owner) {
                 self.yielded += 1;
                 return Some(owner);
@@ -199,10 +216,9 @@ impl BackendSelection for Ring {
     }
 
     fn iter(self: &Arc<Self>, key: &[u8]) -> RingIter {
-        let order = self.walk(point_of(key)).collect::<Vec<_>>().into_iter();
         RingIter {
+            state: WalkState::new(self, point_of(key)),
             ring: Arc::clone(self),
-            order,
         }
     }
 }
@@ -210,12 +226,12 @@ impl BackendSelection for Ring {
 /// Pingora's view of a walk: distinct backends in ring order.
 pub struct RingIter {
     ring: Arc<Ring>,
-    order: std::vec::IntoIter<usize>,
+    state: WalkState,
 }
 
 impl BackendIter for RingIter {
     fn next(&mut self) -> Option<&Backend> {
-        let idx = self.order.next()?;
+        let idx = self.state.next(&self.ring)?;
         self.ring.peers.get(idx)
     }
 }

@@ -1,0 +1,165 @@
+//! One routing decision, end to end, and key extraction from a large chat body.
+//!
+//! `cargo bench --bench routing`
+
+use std::collections::BTreeSet;
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use http::{HeaderMap, Method};
+use pingora_load_balancing::discovery::Static;
+use pingora_load_balancing::selection::Consistent;
+use pingora_load_balancing::{Backend, Backends, LoadBalancer};
+use prefixlb::routing::hash::KeyEncoder;
+use prefixlb::routing::*;
+
+fn specs(n: usize) -> Vec<PeerSpec> {
+    (0..n)
+        .map(|i| PeerSpec {
+            addr: format!("10.2.{}.{}:8000", i / 250, i % 250 + 1)
+                .parse()
+                .unwrap(),
+            weight: 1,
+            max_in_flight: 64,
+        })
+        .collect()
+}
+
+/// Hash a 1 KiB prefix, walk the ring, check the bound, take and release the slot.
+fn decision(c: &mut Criterion) {
+    let prefix: Vec<u8> = (0..1024u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let balance = Balance::default();
+    let mut group = c.benchmark_group("decision");
+    for n in [4usize, 16, 64, 256] {
+        let cluster = Cluster::new(&specs(n), RingConfig::default());
+        // A standing load, so the bound is computed against real numbers.
+        let _standing: Vec<_> = (0..n as u64 * 2)
+            .filter_map(|i| {
+                cluster
+                    .select(&balance, Some(i * 0x9e37_79b9_7f4a_7c15), &[])
+                    .routed()
+            })
+            .collect();
+        let mut salt = 0u64;
+        group.bench_with_input(BenchmarkId::new("bounded_1KiB_key", n), &n, |b, _| {
+            b.iter(|| {
+                salt = salt.wrapping_add(1);
+                let mut enc = KeyEncoder::with_capacity(1100);
+                enc.part(b'm', &salt.to_le_bytes());
+                enc.part(b'c', black_box(&prefix));
+                let routed = cluster.select(&balance, Some(enc.finish()), &[]);
+                black_box(routed)
+            })
+        });
+    }
+    group.finish();
+}
+
+/// The same decision through Pingora's own `LoadBalancer::select_with` (over our ring and over
+/// Pingora's Ketama ring), with the bound checked in `accept`: the cost of its generic path.
+fn pingora_paths(c: &mut Criterion) {
+    let mut group = c.benchmark_group("select_16_peers");
+    let cluster = Cluster::new(&specs(16), RingConfig::default());
+    let balance = Balance::default();
+    let backends: BTreeSet<Backend> = cluster.ring().peers().iter().cloned().collect();
+    let ours: LoadBalancer<Ring> =
+        LoadBalancer::from_backends(Backends::new(Static::new(backends.clone())));
+    let ketama: LoadBalancer<Consistent> =
+        LoadBalancer::from_backends(Backends::new(Static::new(backends)));
+    for lb in [&ours as &dyn Updatable, &ketama] {
+        lb.refresh();
+    }
+    let mut salt = 0u64;
+    group.bench_function("prefixlb_cluster_select", |b| {
+        b.iter(|| {
+            salt = salt.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            black_box(cluster.select(&balance, Some(salt), &[]))
+        })
+    });
+    group.bench_function("pingora_select_with_our_ring", |b| {
+        b.iter(|| {
+            salt = salt.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            black_box(ours.select_with(&salt.to_be_bytes(), 256, |b, healthy| {
+                healthy && b.weight > 0
+            }))
+        })
+    });
+    group.bench_function("pingora_select_with_ketama", |b| {
+        b.iter(|| {
+            salt = salt.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            black_box(ketama.select_with(&salt.to_be_bytes(), 256, |b, healthy| {
+                healthy && b.weight > 0
+            }))
+        })
+    });
+    group.finish();
+}
+
+trait Updatable {
+    fn refresh(&self);
+}
+
+impl<S> Updatable for LoadBalancer<S>
+where
+    S: pingora_load_balancing::selection::BackendSelection + 'static,
+    S::Iter: pingora_load_balancing::selection::BackendIter,
+{
+    fn refresh(&self) {
+        futures_util::FutureExt::now_or_never(self.update())
+            .expect("static discovery does not block")
+            .expect("static discovery does not fail");
+        assert!(self.select(b"probe", 256).is_some());
+    }
+}
+
+fn murmur(c: &mut Criterion) {
+    let kib: Vec<u8> = (0..1024u32).map(|i| i as u8).collect();
+    c.bench_function("murmur3_x64_128_1KiB", |b| {
+        b.iter(|| black_box(prefixlb::routing::hash::murmur64(black_box(&kib))))
+    });
+}
+
+fn chat_body(model_first: bool) -> Vec<u8> {
+    let system = "You are a hospital triage assistant; follow the protocol. ".repeat(20);
+    let mut history = String::new();
+    while history.len() < 15 * 1024 {
+        history.push_str(r#",{"role":"assistant","content":"Noted. Any fever or shortness of breath?"},{"role":"user","content":"No fever, some shortness of breath when climbing stairs."}"#);
+    }
+    let messages = format!(
+        r#"[{{"role":"system","content":"{system}"}},{{"role":"user","content":"Patient, 54, chest pain since this morning."}}{history}]"#
+    );
+    let body = if model_first {
+        format!(r#"{{"model":"llama-3.1-8b","stream":true,"messages":{messages}}}"#)
+    } else {
+        format!(r#"{{"messages":{messages},"stream":true,"model":"llama-3.1-8b"}}"#)
+    };
+    body.into_bytes()
+}
+
+fn key_extraction(c: &mut Criterion) {
+    let ex = KeyExtractor::default();
+    let headers = HeaderMap::new();
+    let mut group = c.benchmark_group("key_16KiB_chat");
+    for (name, body) in [
+        ("model_first", chat_body(true)),
+        ("model_last", chat_body(false)),
+    ] {
+        assert!(body.len() >= 16 * 1024);
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                black_box(ex.key_for(&RequestParts {
+                    method: &Method::POST,
+                    path: "/v1/chat/completions",
+                    headers: &headers,
+                    client: None,
+                    body: black_box(&body),
+                    end: BodyEnd::Complete,
+                }))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, murmur, decision, pingora_paths, key_extraction);
+criterion_main!(benches);
