@@ -2,3 +2,4 @@
 //! already holds its prefix in KV cache, and overflows to the next one when that GPU is full.
 
 pub mod routing;
+pub mod config;

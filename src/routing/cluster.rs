@@ -134,6 +134,11 @@ impl Cluster {
         self.peers.iter().find(|p| p.id() == id)
     }
 
+    /// The load shared with every cluster rebuilt from this one.
+    pub fn load(&self) -> &Arc<ClusterLoad> {
+        &self.load
+    }
+
     /// Requests in flight across all peers, removed ones included.
     pub fn in_flight(&self) -> u64 {
         self.load.in_flight()
@@ -159,6 +164,8 @@ impl Cluster {
         };
         f(peer);
         self.refresh();
+        // A peer back up or undrained is capacity a waiter may take.
+        self.load.waiters().wake_front();
         true
     }
 

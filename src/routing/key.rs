@@ -21,7 +21,8 @@ pub const DEFAULT_SESSION_HEADER: &str = "x-session-id";
 pub const DEFAULT_PREFIX_CHARS: usize = 2048;
 
 /// Where a request's key comes from when its headers and body give none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Fallback {
     /// Requests from one client address share a key.
     ClientAddr,

@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod hash;
 pub mod key;
+pub mod queue;
 pub mod ring;
 pub mod select;
 pub mod slots;
@@ -14,6 +15,7 @@ pub use key::{
     BodyEnd, BodyKind, Extract, Fallback, FallbackReason, KeyConfig, KeyExtractor, KeySource,
     RequestParts, RoutingKey,
 };
+pub use queue::{QueueLimit, Rejection, WaitQueue};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};
 pub use select::{Balance, Decision, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR};
-pub use slots::{PeerLoad, Slot, UNLIMITED};
+pub use slots::{ClusterLoad, PeerLoad, Slot, UNLIMITED};

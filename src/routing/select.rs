@@ -14,7 +14,8 @@ use super::slots::{PeerLoad, Slot, UNLIMITED};
 
 pub const DEFAULT_BALANCE_FACTOR: f64 = 1.25;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Policy {
     /// Weighted rotation; skips peers at `max_in_flight`.
     RoundRobin,

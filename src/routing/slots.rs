@@ -8,15 +8,23 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::queue::WaitQueue;
+
 /// Load shared by every peer of a router, across ring rebuilds.
 #[derive(Debug, Default)]
 pub struct ClusterLoad {
     in_flight: AtomicU64,
+    waiters: WaitQueue,
 }
 
 impl ClusterLoad {
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests waiting for a slot; every release wakes the first of them.
+    pub fn waiters(&self) -> &WaitQueue {
+        &self.waiters
     }
 }
 
@@ -131,6 +139,7 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.peer.cluster.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.peer.cluster.waiters.wake_front();
     }
 }
 

@@ -1,0 +1,162 @@
+//! The saturation queue: FIFO, woken by releases, bounded in length and time, and left cleanly
+//! by a waiter whose client goes away.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prefixlb::routing::*;
+
+fn one_slot_cluster() -> Arc<Cluster> {
+    let spec = PeerSpec {
+        addr: "10.0.0.1:8000".parse().unwrap(),
+        weight: 1,
+        max_in_flight: 1,
+    };
+    Arc::new(Cluster::new(&[spec], RingConfig::default()))
+}
+
+const LIMIT: QueueLimit = QueueLimit {
+    max_waiting: 8,
+    timeout: Duration::from_secs(30),
+};
+
+fn select(c: &Cluster) -> Decision {
+    c.select(&Balance::default(), Some(7), &[])
+}
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_served_in_arrival_order_on_release() {
+    let cluster = one_slot_cluster();
+    let (first, _) = cluster.load().waiters().admit(LIMIT, || select(&cluster)).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let (cluster, order) = (Arc::clone(&cluster), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let (routed, waited) = cluster
+                .load()
+                .waiters()
+                .admit(LIMIT, || select(&cluster))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(routed);
+            waited
+        }));
+        settle().await;
+    }
+    assert_eq!(cluster.load().waiters().len(), 4);
+    assert!(order.lock().unwrap().is_empty(), "nobody passes a held slot");
+    drop(first);
+    let mut waits = Vec::new();
+    for t in tasks {
+        waits.push(t.await.unwrap().as_millis());
+    }
+    // Each holds its slot 10 ms (virtual time) before the next in line gets it.
+    assert_eq!(waits, vec![0, 10, 20, 30]);
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+    assert!(cluster.load().waiters().is_empty());
+    assert_eq!(cluster.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_or_zero_length_rejects_at_once() {
+    let cluster = one_slot_cluster();
+    let _held = select(&cluster).routed().unwrap();
+    let none = QueueLimit {
+        max_waiting: 0,
+        ..LIMIT
+    };
+    let r = cluster.load().waiters().admit(none, || select(&cluster)).await;
+    assert_eq!(r.err(), Some(Rejection::QueueFull));
+
+    let one = QueueLimit {
+        max_waiting: 1,
+        ..LIMIT
+    };
+    let c2 = Arc::clone(&cluster);
+    let waiter = tokio::spawn(async move { c2.load().waiters().admit(one, || select(&c2)).await.map(|_| ()) });
+    settle().await;
+    let r = cluster.load().waiters().admit(one, || select(&cluster)).await;
+    assert_eq!(r.err(), Some(Rejection::QueueFull));
+    waiter.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_times_out_and_leaves_the_line() {
+    let cluster = one_slot_cluster();
+    let _held = select(&cluster).routed().unwrap();
+    let short = QueueLimit {
+        max_waiting: 4,
+        timeout: Duration::from_millis(250),
+    };
+    let start = tokio::time::Instant::now();
+    let r = cluster.load().waiters().admit(short, || select(&cluster)).await;
+    assert_eq!(r.err(), Some(Rejection::Timeout));
+    assert_eq!(start.elapsed(), Duration::from_millis(250));
+    assert!(cluster.load().waiters().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_front_waiter_passes_its_turn_on() {
+    let cluster = one_slot_cluster();
+    let held = select(&cluster).routed().unwrap();
+    let c1 = Arc::clone(&cluster);
+    let front = tokio::spawn(async move { c1.load().waiters().admit(LIMIT, || select(&c1)).await.map(|_| ()) });
+    settle().await;
+    let c2 = Arc::clone(&cluster);
+    let second = tokio::spawn(async move {
+        let (r, _) = c2.load().waiters().admit(LIMIT, || select(&c2)).await.unwrap();
+        r.slot.peer().id().to_owned()
+    });
+    settle().await;
+    front.abort();
+    settle().await;
+    assert_eq!(cluster.load().waiters().len(), 1);
+    drop(held);
+    assert_eq!(second.await.unwrap(), "10.0.0.1:8000");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_peer_is_not_worth_waiting_for() {
+    let cluster = one_slot_cluster();
+    cluster.set_healthy("10.0.0.1:8000", false);
+    let r = cluster.load().waiters().admit(LIMIT, || select(&cluster)).await;
+    assert_eq!(r.err(), Some(Rejection::NoPeer));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_coming_back_wakes_the_line() {
+    let cluster = one_slot_cluster();
+    let _held = select(&cluster).routed().unwrap();
+    // Second peer, down for now.
+    let specs = vec![
+        PeerSpec {
+            addr: "10.0.0.1:8000".parse().unwrap(),
+            weight: 1,
+            max_in_flight: 1,
+        },
+        PeerSpec {
+            addr: "10.0.0.2:8000".parse().unwrap(),
+            weight: 1,
+            max_in_flight: 1,
+        },
+    ];
+    let bigger = Arc::new(cluster.rebuild(&specs, RingConfig::default()));
+    bigger.set_healthy("10.0.0.2:8000", false);
+    let c = Arc::clone(&bigger);
+    let waiter = tokio::spawn(async move {
+        let (r, _) = c.load().waiters().admit(LIMIT, || select(&c)).await.unwrap();
+        r.slot.peer().id().to_owned()
+    });
+    settle().await;
+    bigger.set_healthy("10.0.0.2:8000", true);
+    assert_eq!(waiter.await.unwrap(), "10.0.0.2:8000");
+}
