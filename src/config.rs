@@ -60,6 +60,19 @@ pub struct Config {
     pub limits: LimitsConfig,
     #[serde(default)]
     pub upstream: UpstreamConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Where the admin API listens; `null` turns it off. Loopback by default: it can drain peers.
+    #[serde(default = "default_admin_listen")]
+    pub listen: Option<String>,
+    /// When set, every admin request must carry `Authorization: Bearer <token>`.
+    #[serde(default)]
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -158,6 +171,9 @@ pub struct UpstreamConfig {
 fn default_listen() -> Vec<String> {
     vec!["127.0.0.1:8080".into()]
 }
+fn default_admin_listen() -> Option<String> {
+    Some("127.0.0.1:9090".into())
+}
 fn one() -> u32 {
     1
 }
@@ -238,7 +254,8 @@ defaults_from_serde!(
     KeySourcesConfig,
     QueueConfig,
     LimitsConfig,
-    UpstreamConfig
+    UpstreamConfig,
+    AdminConfig
 );
 
 impl Config {
@@ -251,8 +268,20 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let de = serde_yaml::Deserializer::from_str(text);
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = e.path().to_string();
-            ConfigError::new(if field == "." { String::new() } else { field }, e.into_inner().to_string())
+            let field = match e.path().to_string() {
+                root if root == "." => String::new(),
+                path => path,
+            };
+            // serde_yaml starts its message with the path of the enclosing value; the field
+            // already says it.
+            let message = e.into_inner().to_string();
+            let reason = match message.split_once(": ") {
+                Some((prefix, rest)) if !field.is_empty() && field.starts_with(prefix) => {
+                    rest.to_owned()
+                }
+                _ => message,
+            };
+            ConfigError::new(field, reason)
         })?;
         config.validate()?;
         Ok(config)
@@ -263,8 +292,23 @@ impl Config {
             return Err(ConfigError::new("listen", "at least one address is needed"));
         }
         for (i, l) in self.listen.iter().enumerate() {
-            l.parse::<SocketAddr>()
-                .map_err(|e| ConfigError::new(format!("listen[{i}]"), format!("`{l}` is not ip:port ({e})")))?;
+            l.parse::<SocketAddr>().map_err(|e| {
+                ConfigError::new(
+                    format!("listen[{i}]"),
+                    format!("`{l}` is not ip:port ({e})"),
+                )
+            })?;
+        }
+        if let Some(l) = &self.admin.listen {
+            l.parse::<SocketAddr>().map_err(|e| {
+                ConfigError::new("admin.listen", format!("`{l}` is not ip:port ({e})"))
+            })?;
+        }
+        if self.admin.token.as_deref() == Some("") {
+            return Err(ConfigError::new(
+                "admin.token",
+                "must not be empty (omit it for none)",
+            ));
         }
         self.peer_specs()?;
         let r = &self.routing;
@@ -277,13 +321,22 @@ impl Config {
             }
         }
         if r.vnodes_per_weight == 0 {
-            return Err(ConfigError::new("routing.vnodes_per_weight", "must be at least 1"));
+            return Err(ConfigError::new(
+                "routing.vnodes_per_weight",
+                "must be at least 1",
+            ));
         }
         if r.peek_limit_bytes == 0 {
-            return Err(ConfigError::new("routing.peek_limit_bytes", "must be at least 1"));
+            return Err(ConfigError::new(
+                "routing.peek_limit_bytes",
+                "must be at least 1",
+            ));
         }
         if r.key.prefix_chars == 0 {
-            return Err(ConfigError::new("routing.key.prefix_chars", "must be at least 1"));
+            return Err(ConfigError::new(
+                "routing.key.prefix_chars",
+                "must be at least 1",
+            ));
         }
         HeaderName::from_bytes(r.key.session_header.as_bytes()).map_err(|_| {
             ConfigError::new(
@@ -304,7 +357,10 @@ impl Config {
             }
         }
         if self.limits.max_body_bytes == 0 {
-            return Err(ConfigError::new("limits.max_body_bytes", "must be at least 1"));
+            return Err(ConfigError::new(
+                "limits.max_body_bytes",
+                "must be at least 1",
+            ));
         }
         let u = &self.upstream;
         for (field, ms) in [
@@ -314,7 +370,10 @@ impl Config {
             ("idle_timeout_ms", u.idle_timeout_ms),
         ] {
             if ms == 0 {
-                return Err(ConfigError::new(format!("upstream.{field}"), "must be at least 1"));
+                return Err(ConfigError::new(
+                    format!("upstream.{field}"),
+                    "must be at least 1",
+                ));
             }
         }
         if self.queue.max_waiting > 0 && self.queue.timeout_ms == 0 {
@@ -336,7 +395,9 @@ impl Config {
                 .to_socket_addrs()
                 .map_err(|e| ConfigError::new(field("addr"), format!("`{}`: {e}", p.addr)))?
                 .next()
-                .ok_or_else(|| ConfigError::new(field("addr"), format!("`{}` resolves to nothing", p.addr)))?;
+                .ok_or_else(|| {
+                    ConfigError::new(field("addr"), format!("`{}` resolves to nothing", p.addr))
+                })?;
             if p.weight == 0 {
                 return Err(ConfigError::new(field("weight"), "must be at least 1"));
             }
@@ -347,7 +408,10 @@ impl Config {
                 ));
             }
             if specs.iter().any(|s: &PeerSpec| s.addr == addr) {
-                return Err(ConfigError::new(field("addr"), format!("{addr} is listed twice")));
+                return Err(ConfigError::new(
+                    field("addr"),
+                    format!("{addr} is listed twice"),
+                ));
             }
             specs.push(PeerSpec {
                 addr,

@@ -1,5 +1,8 @@
 //! prefixlb: a load balancer for LLM inference clusters that routes each prompt to the GPU that
 //! already holds its prefix in KV cache, and overflows to the next one when that GPU is full.
 
-pub mod routing;
+pub mod admin;
 pub mod config;
+pub mod proxy;
+pub mod router;
+pub mod routing;

@@ -33,7 +33,12 @@ async fn settle() {
 #[tokio::test(start_paused = true)]
 async fn waiters_are_served_in_arrival_order_on_release() {
     let cluster = one_slot_cluster();
-    let (first, _) = cluster.load().waiters().admit(LIMIT, || select(&cluster)).await.unwrap();
+    let (first, _) = cluster
+        .load()
+        .waiters()
+        .admit(LIMIT, || select(&cluster))
+        .await
+        .unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..4 {
@@ -53,7 +58,10 @@ async fn waiters_are_served_in_arrival_order_on_release() {
         settle().await;
     }
     assert_eq!(cluster.load().waiters().len(), 4);
-    assert!(order.lock().unwrap().is_empty(), "nobody passes a held slot");
+    assert!(
+        order.lock().unwrap().is_empty(),
+        "nobody passes a held slot"
+    );
     drop(first);
     let mut waits = Vec::new();
     for t in tasks {
@@ -74,7 +82,11 @@ async fn a_full_queue_or_zero_length_rejects_at_once() {
         max_waiting: 0,
         ..LIMIT
     };
-    let r = cluster.load().waiters().admit(none, || select(&cluster)).await;
+    let r = cluster
+        .load()
+        .waiters()
+        .admit(none, || select(&cluster))
+        .await;
     assert_eq!(r.err(), Some(Rejection::QueueFull));
 
     let one = QueueLimit {
@@ -82,9 +94,19 @@ async fn a_full_queue_or_zero_length_rejects_at_once() {
         ..LIMIT
     };
     let c2 = Arc::clone(&cluster);
-    let waiter = tokio::spawn(async move { c2.load().waiters().admit(one, || select(&c2)).await.map(|_| ()) });
+    let waiter = tokio::spawn(async move {
+        c2.load()
+            .waiters()
+            .admit(one, || select(&c2))
+            .await
+            .map(|_| ())
+    });
     settle().await;
-    let r = cluster.load().waiters().admit(one, || select(&cluster)).await;
+    let r = cluster
+        .load()
+        .waiters()
+        .admit(one, || select(&cluster))
+        .await;
     assert_eq!(r.err(), Some(Rejection::QueueFull));
     waiter.abort();
 }
@@ -98,7 +120,11 @@ async fn a_waiter_times_out_and_leaves_the_line() {
         timeout: Duration::from_millis(250),
     };
     let start = tokio::time::Instant::now();
-    let r = cluster.load().waiters().admit(short, || select(&cluster)).await;
+    let r = cluster
+        .load()
+        .waiters()
+        .admit(short, || select(&cluster))
+        .await;
     assert_eq!(r.err(), Some(Rejection::Timeout));
     assert_eq!(start.elapsed(), Duration::from_millis(250));
     assert!(cluster.load().waiters().is_empty());
@@ -109,11 +135,22 @@ async fn a_cancelled_front_waiter_passes_its_turn_on() {
     let cluster = one_slot_cluster();
     let held = select(&cluster).routed().unwrap();
     let c1 = Arc::clone(&cluster);
-    let front = tokio::spawn(async move { c1.load().waiters().admit(LIMIT, || select(&c1)).await.map(|_| ()) });
+    let front = tokio::spawn(async move {
+        c1.load()
+            .waiters()
+            .admit(LIMIT, || select(&c1))
+            .await
+            .map(|_| ())
+    });
     settle().await;
     let c2 = Arc::clone(&cluster);
     let second = tokio::spawn(async move {
-        let (r, _) = c2.load().waiters().admit(LIMIT, || select(&c2)).await.unwrap();
+        let (r, _) = c2
+            .load()
+            .waiters()
+            .admit(LIMIT, || select(&c2))
+            .await
+            .unwrap();
         r.slot.peer().id().to_owned()
     });
     settle().await;
@@ -128,7 +165,11 @@ async fn a_cancelled_front_waiter_passes_its_turn_on() {
 async fn no_peer_is_not_worth_waiting_for() {
     let cluster = one_slot_cluster();
     cluster.set_healthy("10.0.0.1:8000", false);
-    let r = cluster.load().waiters().admit(LIMIT, || select(&cluster)).await;
+    let r = cluster
+        .load()
+        .waiters()
+        .admit(LIMIT, || select(&cluster))
+        .await;
     assert_eq!(r.err(), Some(Rejection::NoPeer));
 }
 
@@ -153,7 +194,12 @@ async fn a_peer_coming_back_wakes_the_line() {
     bigger.set_healthy("10.0.0.2:8000", false);
     let c = Arc::clone(&bigger);
     let waiter = tokio::spawn(async move {
-        let (r, _) = c.load().waiters().admit(LIMIT, || select(&c)).await.unwrap();
+        let (r, _) = c
+            .load()
+            .waiters()
+            .admit(LIMIT, || select(&c))
+            .await
+            .unwrap();
         r.slot.peer().id().to_owned()
     });
     settle().await;

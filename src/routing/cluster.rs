@@ -83,7 +83,7 @@ impl Cluster {
                         p
                     }
                     None => Arc::new(PeerLoad::new(
-                        id,
+                        s.addr,
                         s.weight,
                         s.max_in_flight,
                         Arc::clone(&load),

@@ -205,12 +205,15 @@ impl KeyExtractor {
         }
     }
 
+    /// The key of a request whose body is not read: its session header, or the fallback.
+    pub fn key_without_body(&self, headers: &HeaderMap, client: Option<IpAddr>) -> RoutingKey {
+        self.session_key(headers)
+            .unwrap_or_else(|| self.fallback(client, FallbackReason::NoKeySource))
+    }
+
     pub fn key_for(&self, req: &RequestParts<'_>) -> Extract {
-        if let Some(key) = self.session_key(req.headers) {
-            return Extract::Key(key);
-        }
         let Some(kind) = self.body_kind(req.method, req.path, req.headers) else {
-            return Extract::Key(self.fallback(req.client, FallbackReason::NoKeySource));
+            return Extract::Key(self.key_without_body(req.headers, req.client));
         };
         match self.body_key(kind, req.body, req.end) {
             Ok(hash) => Extract::Key(RoutingKey {

@@ -119,7 +119,10 @@ impl WaitQueue {
         }
         // Leaves the line however this future ends: routed, rejected, timed out or dropped
         // because the client went away.
-        let _place = Place { queue: self, me: &me };
+        let _place = Place {
+            queue: self,
+            me: &me,
+        };
         let start = Instant::now();
         let deadline = start + limit.timeout;
         loop {
@@ -132,7 +135,10 @@ impl WaitQueue {
             }
             // A wake that came between the check above and this wait is kept by `Notify` as a
             // permit, so it is not lost.
-            if tokio::time::timeout_at(deadline, me.notified()).await.is_err() {
+            if tokio::time::timeout_at(deadline, me.notified())
+                .await
+                .is_err()
+            {
                 return Err(Rejection::Timeout);
             }
         }

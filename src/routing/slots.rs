@@ -5,6 +5,7 @@
 //! same `Arc` to the new ring, so a peer that stays keeps its count, and a removed peer's count
 //! drains through the [`Slot`]s that still hold it.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -31,6 +32,7 @@ impl ClusterLoad {
 /// The live state of one peer: what it carries, what it may carry, and whether it may be chosen.
 #[derive(Debug)]
 pub struct PeerLoad {
+    addr: SocketAddr,
     id: String,
     weight: AtomicU32,
     max_in_flight: AtomicU32,
@@ -45,9 +47,15 @@ pub struct PeerLoad {
 pub const UNLIMITED: u32 = u32::MAX;
 
 impl PeerLoad {
-    pub fn new(id: String, weight: u32, max_in_flight: u32, cluster: Arc<ClusterLoad>) -> Self {
+    pub fn new(
+        addr: SocketAddr,
+        weight: u32,
+        max_in_flight: u32,
+        cluster: Arc<ClusterLoad>,
+    ) -> Self {
         Self {
-            id,
+            addr,
+            id: addr.to_string(),
             weight: AtomicU32::new(weight.max(1)),
             max_in_flight: AtomicU32::new(max_in_flight),
             in_flight: AtomicU32::new(0),
@@ -58,6 +66,10 @@ impl PeerLoad {
         }
     }
 
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    /// The peer's identity: its address, as text.
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -148,7 +160,12 @@ mod tests {
     use super::*;
 
     fn peer(max: u32) -> Arc<PeerLoad> {
-        Arc::new(PeerLoad::new("p".into(), 1, max, Arc::default()))
+        Arc::new(PeerLoad::new(
+            "127.0.0.1:1".parse().unwrap(),
+            1,
+            max,
+            Arc::default(),
+        ))
     }
 
     #[test]

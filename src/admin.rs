@@ -1,0 +1,104 @@
+//! The admin API, on its own listener (loopback by default): the peers and their load, and
+//! draining a peer before its GPU is restarted.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::{Method, Response, StatusCode};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use serde_json::json;
+
+use crate::router::Router;
+
+pub struct Admin {
+    router: Arc<Router>,
+    token: Option<String>,
+}
+
+impl Admin {
+    pub fn new(router: Arc<Router>, token: Option<String>) -> Self {
+        Self { router, token }
+    }
+
+    fn authorized(&self, session: &ServerSession) -> bool {
+        let Some(token) = &self.token else {
+            return true;
+        };
+        let given = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        given == Some(token.as_str())
+    }
+
+    /// `{"peers": [...], "in_flight": n, "waiting": n}`, the peers in address order.
+    pub fn peers_json(&self) -> serde_json::Value {
+        let cluster = self.router.cluster();
+        let peers: Vec<_> = cluster
+            .peers()
+            .iter()
+            .map(|p| {
+                json!({
+                    "address": p.id(),
+                    "weight": p.weight(),
+                    "healthy": p.healthy(),
+                    "draining": p.draining(),
+                    "in_flight": p.in_flight(),
+                    "max_in_flight": (p.max_in_flight() != crate::routing::UNLIMITED).then(|| p.max_in_flight()),
+                    "bound": cluster.bound(&self.router.balance, p),
+                })
+            })
+            .collect();
+        json!({
+            "peers": peers,
+            "in_flight": cluster.in_flight(),
+            "waiting": self.router.load().waiters().len(),
+        })
+    }
+
+    fn drain(&self, addr: &str, draining: bool) -> Option<serde_json::Value> {
+        self.router
+            .cluster()
+            .set_draining(addr, draining)
+            .then(|| self.peers_json())
+    }
+}
+
+fn reply(status: StatusCode, body: serde_json::Value) -> Response<Vec<u8>> {
+    let body = body.to_string().into_bytes();
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::CONTENT_LENGTH, body.len())
+        .body(body)
+        .unwrap_or_default()
+}
+
+fn error(status: StatusCode, message: &str) -> Response<Vec<u8>> {
+    reply(status, json!({ "error": { "message": message } }))
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        if !self.authorized(session) {
+            return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+        }
+        let method = session.req_header().method.clone();
+        let path = session.req_header().uri.path().to_owned();
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match (method, segments.as_slice()) {
+            (Method::GET, ["admin", "peers"]) => reply(StatusCode::OK, self.peers_json()),
+            (Method::POST, ["admin", "peers", addr, action @ ("drain" | "undrain")]) => {
+                match self.drain(addr, *action == "drain") {
+                    Some(body) => reply(StatusCode::OK, body),
+                    None => error(StatusCode::NOT_FOUND, "no such peer"),
+                }
+            }
+            _ => error(StatusCode::NOT_FOUND, "no such admin endpoint"),
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! The `prefixlb` binary: Pingora's server with the routing proxy and the admin API.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::Server;
+use pingora::services::listening::Service;
+
+use prefixlb::admin::Admin;
+use prefixlb::config::Config;
+use prefixlb::proxy::PrefixLb;
+use prefixlb::router::Router;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "prefixlb",
+    version,
+    about = "Prompt-prefix-affine load balancer for LLM inference servers"
+)]
+struct Cli {
+    /// prefixlb's own configuration: listeners, peers, routing, queue, limits, timeouts.
+    #[arg(
+        short = 'l',
+        long = "lb-conf",
+        value_name = "FILE",
+        default_value = "conf/prefixlb.yaml"
+    )]
+    lb_conf: PathBuf,
+
+    #[command(flatten)]
+    server: Opt,
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    let config = match Config::load(&cli.lb_conf) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("prefixlb: {}: {e}", cli.lb_conf.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(conf) = &cli.server.conf {
+        if let Err(e) = ServerConf::load_from_yaml(conf) {
+            eprintln!("prefixlb: {conf}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if cli.server.test {
+        println!("prefixlb: {} is valid", cli.lb_conf.display());
+    }
+    let router = match Router::from_config(&config) {
+        Ok(r) => Arc::new(r),
+        Err(e) => {
+            eprintln!("prefixlb: {}: {e}", cli.lb_conf.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut server = match Server::new(Some(cli.server)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("prefixlb: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // With -t, Pingora exits here once its own configuration has loaded.
+    server.bootstrap();
+
+    let mut proxy = pingora::proxy::http_proxy_service(
+        &server.configuration,
+        PrefixLb::new(Arc::clone(&router)),
+    );
+    for addr in &config.listen {
+        proxy.add_tcp(addr);
+    }
+    server.add_service(proxy);
+    if let Some(addr) = &config.admin.listen {
+        let mut admin = Service::new(
+            "prefixlb admin".into(),
+            Admin::new(Arc::clone(&router), config.admin.token.clone()),
+        );
+        admin.add_tcp(addr);
+        server.add_service(admin);
+    }
+    log::info!(
+        "prefixlb: {} peers, policy {}, listening on {}",
+        router.cluster().peers().len(),
+        router.balance.policy.as_str(),
+        config.listen.join(", ")
+    );
+    server.run_forever()
+}

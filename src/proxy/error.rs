@@ -1,0 +1,121 @@
+//! Errors the way OpenAI-compatible clients read them: a status code and
+//! `{"error": {"message", "type", "code"}}`.
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+
+use crate::routing::Rejection;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    /// OpenAI's error `type`: `invalid_request_error` or `server_error`.
+    pub kind: &'static str,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after_secs: Option<u32>,
+}
+
+impl ApiError {
+    pub fn body_too_large(limit: usize) -> Self {
+        Self {
+            status: 413,
+            kind: "invalid_request_error",
+            code: "request_too_large",
+            message: format!("request body is larger than the limit of {limit} bytes"),
+            retry_after_secs: None,
+        }
+    }
+
+    pub fn rejected(why: Rejection) -> Self {
+        let (code, message) = match why {
+            Rejection::NoPeer => ("no_healthy_upstream", "no inference server is available"),
+            Rejection::QueueFull => (
+                "cluster_saturated",
+                "every inference server is at its in-flight limit and the wait queue is full",
+            ),
+            Rejection::Timeout => (
+                "queue_timeout",
+                "every inference server stayed at its in-flight limit for the whole queue timeout",
+            ),
+        };
+        Self {
+            status: 503,
+            kind: "server_error",
+            code,
+            message: message.into(),
+            retry_after_secs: Some(1),
+        }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            kind: "invalid_request_error",
+            code,
+            message: message.into(),
+            retry_after_secs: None,
+        }
+    }
+
+    /// An error that reached the client from the proxy phase, told by its status.
+    pub fn from_status(status: u16) -> Self {
+        let (kind, code, message) = match status {
+            400..=499 => (
+                "invalid_request_error",
+                "bad_request",
+                "the request could not be read",
+            ),
+            502 => (
+                "server_error",
+                "upstream_error",
+                "the inference server failed or closed the connection",
+            ),
+            504 => (
+                "server_error",
+                "upstream_timeout",
+                "the inference server did not answer in time",
+            ),
+            _ => (
+                "server_error",
+                "internal_error",
+                "the load balancer failed to proxy the request",
+            ),
+        };
+        Self {
+            status,
+            kind,
+            code,
+            message: message.into(),
+            retry_after_secs: None,
+        }
+    }
+
+    pub fn body(&self) -> Bytes {
+        let v = serde_json::json!({
+            "error": { "message": self.message, "type": self.kind, "code": self.code }
+        });
+        Bytes::from(v.to_string())
+    }
+
+    pub fn header(&self, body_len: usize) -> pingora::Result<ResponseHeader> {
+        let mut h = ResponseHeader::build(self.status, Some(4))?;
+        h.insert_header("content-type", "application/json")?;
+        h.insert_header("content-length", body_len.to_string())?;
+        if let Some(secs) = self.retry_after_secs {
+            h.insert_header("retry-after", secs.to_string())?;
+        }
+        Ok(h)
+    }
+
+    /// Writes the error as the whole response.
+    pub async fn send(&self, session: &mut Session) -> pingora::Result<()> {
+        let body = self.body();
+        let header = self.header(body.len())?;
+        session
+            .write_response_header(Box::new(header), false)
+            .await?;
+        session.write_response_body(Some(body), true).await
+    }
+}

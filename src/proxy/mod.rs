@@ -1,0 +1,277 @@
+//! The Pingora side: a `ProxyHttp` whose hooks only hand the request to the routing core and
+//! keep the slot it returns for as long as the response runs.
+//!
+//! `request_filter` peeks at the body for the key and waits in line for a slot;
+//! `upstream_peer` turns the slot into an `HttpPeer`; `fail_to_connect` gives the slot back and
+//! marks the peer failed for this request, so the next call picks another; `logging` (and, as a
+//! backstop, dropping the context) releases the slot when the response has ended or the client
+//! has gone.
+
+pub mod error;
+pub mod peek;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use pingora::prelude::*;
+use pingora::proxy::FailToProxy;
+use pingora::{Error, ErrorSource, ErrorType};
+
+use crate::router::Router;
+use crate::routing::{Decision, PeerLoad, Rejection, Route, RoutingKey, Slot};
+use error::ApiError;
+use peek::{declared_length, peek_key};
+
+pub struct PrefixLb {
+    router: Arc<Router>,
+}
+
+impl PrefixLb {
+    pub fn new(router: Arc<Router>) -> Self {
+        Self { router }
+    }
+}
+
+#[derive(Default)]
+pub struct RequestCtx {
+    key: Option<RoutingKey>,
+    /// The slot of the peer this attempt goes to. Dropping the context releases it.
+    slot: Option<Slot>,
+    route: Option<Route>,
+    /// Peers whose connect failed for this request; a retry skips them.
+    failed: Vec<Arc<PeerLoad>>,
+    /// Peeked bytes that Pingora will not replay: sent ahead of the first body chunk.
+    reinject: Option<Bytes>,
+    /// The error to answer with, when a hook failed on purpose.
+    error: Option<ApiError>,
+}
+
+impl RequestCtx {
+    pub fn route(&self) -> Option<Route> {
+        self.route
+    }
+}
+
+fn fail(ctx: &mut RequestCtx, api: ApiError) -> Box<Error> {
+    let status = api.status;
+    let why = api.message.clone();
+    ctx.error = Some(api);
+    Error::explain(ErrorType::HTTPStatus(status), why)
+}
+
+#[async_trait]
+impl ProxyHttp for PrefixLb {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::default()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let router = &self.router;
+        if declared_length(session).is_some_and(|len| len > router.peek.max_body) {
+            session.set_keepalive(None);
+            ApiError::body_too_large(router.peek.max_body)
+                .send(session)
+                .await?;
+            return Ok(true);
+        }
+        let header = session.req_header();
+        let key = if router
+            .keys
+            .body_kind(&header.method, header.uri.path(), &header.headers)
+            .is_some()
+        {
+            match peek_key(session, &router.keys, router.peek).await? {
+                Ok(peeked) => {
+                    ctx.reinject = peeked.reinject;
+                    peeked.key
+                }
+                Err(api) => {
+                    session.set_keepalive(None);
+                    api.send(session).await?;
+                    return Ok(true);
+                }
+            }
+        } else {
+            let client = session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip());
+            router
+                .keys
+                .key_without_body(&session.req_header().headers, client)
+        };
+        ctx.key = Some(key);
+        let admitted = router
+            .load()
+            .waiters()
+            .admit(router.queue, || {
+                router.cluster().select(&router.balance, key.hash, &[])
+            })
+            .await;
+        match admitted {
+            Ok((routed, _waited)) => {
+                ctx.route = Some(routed.route);
+                ctx.slot = Some(routed.slot);
+                Ok(false)
+            }
+            Err(why) => {
+                ApiError::rejected(why).send(session).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
+        if ctx.slot.is_none() {
+            // A retry after a failed connect: the next peer on the walk, no waiting in line.
+            let hash = ctx.key.and_then(|k| k.hash);
+            match self
+                .router
+                .cluster()
+                .select(&self.router.balance, hash, &ctx.failed)
+            {
+                Decision::Routed(routed) => {
+                    ctx.route = Some(routed.route);
+                    ctx.slot = Some(routed.slot);
+                }
+                Decision::Saturated => {
+                    return Err(fail(ctx, ApiError::rejected(Rejection::QueueFull)))
+                }
+                Decision::NoPeer => return Err(fail(ctx, ApiError::rejected(Rejection::NoPeer))),
+            }
+        }
+        let Some(slot) = ctx.slot.as_ref() else {
+            return Err(fail(ctx, ApiError::from_status(500)));
+        };
+        let up = &self.router.upstream;
+        let mut peer = HttpPeer::new(slot.peer().addr(), false, String::new());
+        peer.options.connection_timeout = Some(up.connect_timeout());
+        peer.options.total_connection_timeout = Some(up.connect_timeout());
+        peer.options.read_timeout = Some(up.read_timeout());
+        peer.options.write_timeout = Some(up.write_timeout());
+        peer.options.idle_timeout = Some(up.idle_timeout());
+        Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let Some(slot) = ctx.slot.take() {
+            ctx.failed.push(Arc::clone(slot.peer()));
+        }
+        // Nothing has reached the client yet, so another peer is safe to try.
+        e.set_retry(ctx.failed.len() <= self.router.upstream.connect_retries);
+        e
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        _ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        // Once response bytes reached the client, or the body cannot be replayed, a retry
+        // would corrupt the response or the request.
+        if session.response_written().is_some()
+            || !session.req_header().method.is_idempotent()
+            || session.retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        e
+    }
+
+    async fn request_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let Some(front) = ctx.reinject.take() {
+            *body = Some(match body.take() {
+                Some(rest) if !rest.is_empty() => {
+                    let mut joined = BytesMut::with_capacity(front.len() + rest.len());
+                    joined.extend_from_slice(&front);
+                    joined.extend_from_slice(&rest);
+                    joined.freeze()
+                }
+                _ => front,
+            });
+        }
+        let limit = self.router.peek.max_body;
+        if session.body_bytes_read() > limit {
+            return Err(fail(ctx, ApiError::body_too_large(limit)));
+        }
+        Ok(())
+    }
+
+    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        ctx.slot.take();
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let api = match ctx.error.take() {
+            Some(api) => api,
+            None => match status_for(e) {
+                0 => {
+                    return FailToProxy {
+                        error_code: 0,
+                        can_reuse_downstream: false,
+                    }
+                }
+                status => ApiError::from_status(status),
+            },
+        };
+        if session.response_written().is_none() {
+            if let Err(write) = api.send(session).await {
+                log::debug!("could not send the error response: {write}");
+            }
+        }
+        FailToProxy {
+            error_code: api.status,
+            can_reuse_downstream: false,
+        }
+    }
+}
+
+/// The status a proxy error is answered with; 0 when the client is gone.
+fn status_for(e: &Error) -> u16 {
+    match e.etype() {
+        ErrorType::HTTPStatus(code) => *code,
+        ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
+            if e.esource() == &ErrorSource::Upstream =>
+        {
+            504
+        }
+        _ => match e.esource() {
+            ErrorSource::Upstream => 502,
+            ErrorSource::Downstream => match e.etype() {
+                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                _ => 400,
+            },
+            ErrorSource::Internal | ErrorSource::Unset => 500,
+        },
+    }
+}

@@ -1,0 +1,339 @@
+//! Test harness: mock inference servers (a GPU server is the one peer we do not own) and the
+//! real `prefixlb` binary on ephemeral loopback ports.
+
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use sha2::{Digest, Sha256};
+
+/// What a mock upstream saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub path: String,
+    pub len: usize,
+    pub sha256: String,
+    pub chunked: bool,
+    pub content_length: Option<usize>,
+}
+
+#[derive(Clone)]
+struct MockState {
+    name: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    active: Arc<AtomicUsize>,
+}
+
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub name: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    /// Requests being answered right now.
+    pub active: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Upstream {
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+    pub fn addr_str(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A mock OpenAI-compatible server. Request headers steer it:
+/// `x-mock-status: N` answers N; `x-mock-delay-ms: D` waits D ms before answering;
+/// `x-mock-events: N` with `x-mock-interval-ms: M` streams N SSE events M ms apart, and
+/// `x-mock-reset-after: K` drops the connection after K of them; otherwise it answers JSON
+/// naming itself and the body it got.
+pub async fn start_upstream(name: &str) -> Upstream {
+    start_upstream_on(
+        name,
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+    .await
+}
+
+pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) -> Upstream {
+    let addr = listener.local_addr().unwrap();
+    let state = MockState {
+        name: name.to_owned(),
+        seen: Arc::default(),
+        active: Arc::default(),
+    };
+    let (seen, active) = (Arc::clone(&state.seen), Arc::clone(&state.active));
+    let app = axum::Router::new().fallback(mock).with_state(state);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Upstream {
+        addr,
+        name: name.to_owned(),
+        seen,
+        active,
+        task,
+    }
+}
+
+fn header_num(h: &HeaderMap, name: &str) -> Option<u64> {
+    h.get(name)?.to_str().ok()?.parse().ok()
+}
+
+struct Active(Arc<AtomicUsize>);
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn mock(State(s): State<MockState>, req: Request) -> Response {
+    s.active.fetch_add(1, Ordering::SeqCst);
+    let active = Active(Arc::clone(&s.active));
+    let (parts, body) = req.into_parts();
+    let h = parts.headers;
+    let chunked = h
+        .get("transfer-encoding")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
+    let content_length = header_num(&h, "content-length").map(|n| n as usize);
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(_) => return reply(&s.name, StatusCode::BAD_REQUEST, "{}".into()),
+    };
+    s.seen.lock().unwrap().push(Seen {
+        path: parts.uri.path().to_owned(),
+        len: bytes.len(),
+        sha256: sha256_hex(&bytes),
+        chunked,
+        content_length,
+    });
+    if let Some(ms) = header_num(&h, "x-mock-delay-ms") {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if parts.uri.path() == "/health" {
+        return reply(&s.name, StatusCode::OK, "{}".into());
+    }
+    if let Some(status) = header_num(&h, "x-mock-status") {
+        let status = StatusCode::from_u16(status as u16).unwrap();
+        return reply(&s.name, status, r#"{"error":{"message":"mock"}}"#.into());
+    }
+    if let Some(events) = header_num(&h, "x-mock-events") {
+        let interval = Duration::from_millis(header_num(&h, "x-mock-interval-ms").unwrap_or(10));
+        let reset_after = header_num(&h, "x-mock-reset-after");
+        let stream = futures_util::stream::unfold(0u64, move |i| async move {
+            if i > events {
+                return None;
+            }
+            if i > 0 {
+                tokio::time::sleep(interval).await;
+            }
+            if reset_after == Some(i) {
+                // An error mid-body makes the server drop the connection: an upstream reset.
+                return Some((Err(std::io::Error::other("mock reset")), events + 1));
+            }
+            let line = if i == events {
+                "data: [DONE]\n\n".to_owned()
+            } else {
+                format!("data: {{\"i\":{i}}}\n\n")
+            };
+            Some((Ok::<_, std::io::Error>(line), i + 1))
+        });
+        // The guard lives as long as the stream: the request is active until it ends.
+        let stream = futures_util::StreamExt::map(stream, move |item| {
+            let _keep = &active;
+            item
+        });
+        return Response::builder()
+            .status(200)
+            .header("content-type", "text/event-stream")
+            .header("x-upstream", &s.name)
+            .body(Body::from_stream(stream))
+            .unwrap();
+    }
+    let body =
+        serde_json::json!({"upstream": s.name, "len": bytes.len(), "sha256": sha256_hex(&bytes)});
+    reply(&s.name, StatusCode::OK, body.to_string())
+}
+
+fn reply(name: &str, status: StatusCode, body: String) -> Response {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("x-upstream", name)
+        .body(Body::from(body))
+        .unwrap()
+}
+
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The real `prefixlb` binary, on its own ports, killed when dropped.
+pub struct Proxy {
+    child: Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn peers(&self) -> serde_json::Value {
+        reqwest::get(format!("http://{}/admin/peers", self.admin))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn in_flight_of(&self, addr: &str) -> u64 {
+        let peers = self.peers().await;
+        peers["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["address"] == addr)
+            .map(|p| p["in_flight"].as_u64().unwrap())
+            .unwrap()
+    }
+
+    /// Waits (at most `limit`) until nothing is in flight; returns the last listing.
+    pub async fn wait_idle(&self, limit: Duration) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let peers = self.peers().await;
+            if peers["in_flight"] == 0 || start.elapsed() > limit {
+                return peers;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_prefixlb"))
+}
+
+/// Starts the proxy with `config` (YAML, without `listen` and `admin`), and waits until it
+/// answers.
+pub async fn start_proxy(config: &str) -> Proxy {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, admin_port) = (free_port(), free_port());
+    let lb = format!(
+        "listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: \"127.0.0.1:{admin_port}\"}}\n{config}"
+    );
+    let lb_path = dir.path().join("prefixlb.yaml");
+    std::fs::write(&lb_path, lb).unwrap();
+    let pingora = format!(
+        "version: 1\nthreads: 2\npid_file: {d}/p.pid\nupgrade_sock: {d}/u.sock\ngrace_period_seconds: 1\ngraceful_shutdown_timeout_seconds: 1\n",
+        d = dir.path().display()
+    );
+    let pingora_path = dir.path().join("pingora.yaml");
+    std::fs::write(&pingora_path, pingora).unwrap();
+    let child = Command::new(binary())
+        .arg("-l")
+        .arg(&lb_path)
+        .arg("-c")
+        .arg(&pingora_path)
+        .env(
+            "RUST_LOG",
+            std::env::var("PREFIXLB_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let proxy = Proxy {
+        child,
+        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        admin: format!("127.0.0.1:{admin_port}").parse().unwrap(),
+        dir,
+    };
+    let start = Instant::now();
+    loop {
+        let admin_up = reqwest::get(format!("http://{}/admin/peers", proxy.admin))
+            .await
+            .is_ok();
+        let proxy_up = tokio::net::TcpStream::connect(proxy.addr).await.is_ok();
+        if admin_up && proxy_up {
+            return proxy;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "proxy did not start: {}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `peers:` YAML for these upstreams.
+pub fn peers_yaml(ups: &[&Upstream], max_in_flight: Option<u32>) -> String {
+    let mut s = String::from("peers:\n");
+    for u in ups {
+        s.push_str(&format!("  - addr: \"{}\"\n", u.addr));
+        if let Some(m) = max_in_flight {
+            s.push_str(&format!("    max_in_flight: {m}\n"));
+        }
+    }
+    s
+}
+
+/// A chat request body: a shared system prompt, the conversation's first question, and
+/// `turns - 1` further exchanges.
+pub fn chat(system: &str, first: &str, turns: usize, stream: bool) -> String {
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": system}),
+        serde_json::json!({"role": "user", "content": first}),
+    ];
+    for t in 1..turns {
+        messages.push(serde_json::json!({"role": "assistant", "content": format!("answer {t}")}));
+        messages.push(serde_json::json!({"role": "user", "content": format!("question {t}")}));
+    }
+    serde_json::json!({"model": "m", "stream": stream, "messages": messages}).to_string()
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().build().unwrap()
+}

@@ -1,0 +1,644 @@
+//! The real proxy binary against mock inference servers on loopback.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt;
+
+const CHAT: &str = "/v1/chat/completions";
+
+async fn post_chat(c: &reqwest::Client, proxy: &Proxy, body: String) -> reqwest::Response {
+    c.post(proxy.url(CHAT))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn upstream_of(r: &reqwest::Response) -> String {
+    r.headers()["x-upstream"].to_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_stick_to_one_upstream_across_turns() {
+    let ups = [
+        start_upstream("a").await,
+        start_upstream("b").await,
+        start_upstream("c").await,
+    ];
+    let proxy = start_proxy(&peers_yaml(&[&ups[0], &ups[1], &ups[2]], None)).await;
+    let c = client();
+    let system = "You are the triage assistant of St. Mary's. ".repeat(30);
+    let mut homes = HashSet::new();
+    for conv in 0..24 {
+        let mut seen = HashSet::new();
+        for turn in 1..=5 {
+            let r = post_chat(
+                &c,
+                &proxy,
+                chat(&system, &format!("patient {conv}"), turn, false),
+            )
+            .await;
+            assert_eq!(r.status(), 200);
+            seen.insert(upstream_of(&r));
+        }
+        assert_eq!(seen.len(), 1, "conversation {conv} moved: {seen:?}");
+        homes.extend(seen);
+    }
+    assert!(homes.len() >= 2, "24 conversations all landed on {homes:?}");
+    assert_eq!(
+        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_primary_overflows_to_the_next_ring_peer_and_the_key_comes_back() {
+    let ups = [
+        start_upstream("a").await,
+        start_upstream("b").await,
+        start_upstream("c").await,
+    ];
+    let cfg = format!(
+        "{}routing: {{balance_factor: null}}\n",
+        peers_yaml(&[&ups[0], &ups[1], &ups[2]], Some(1))
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let body = chat("sys", "the hot conversation", 1, true);
+    let home = upstream_of(&post_chat(&c, &proxy, body.clone()).await);
+
+    // Hold the primary's only slot with a long stream.
+    let long = c
+        .post(proxy.url(CHAT))
+        .header("x-mock-events", "10")
+        .header("x-mock-interval-ms", "100")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(upstream_of(&long), home);
+    let during = post_chat(&c, &proxy, body.clone()).await;
+    assert_eq!(during.status(), 200);
+    assert_ne!(
+        upstream_of(&during),
+        home,
+        "the full primary was not skipped"
+    );
+    let _ = long.bytes().await.unwrap();
+
+    proxy.wait_idle(Duration::from_secs(5)).await;
+    let after = post_chat(&c, &proxy, body).await;
+    assert_eq!(upstream_of(&after), home, "the key did not come home");
+}
+
+/// A chat body of exactly `len` bytes whose key needs all of it: the first user message is the
+/// filler and `model` comes last, so the peek reads as far as it may.
+fn sized_body(len: usize) -> Vec<u8> {
+    if len == 0 {
+        return Vec::new();
+    }
+    let head = br#"{"messages":[{"role":"user","content":""#;
+    let tail = br#""}],"model":"m"}"#;
+    let filler = len.saturating_sub(head.len() + tail.len());
+    let mut body = Vec::with_capacity(len);
+    body.extend_from_slice(head);
+    body.extend((0..filler).map(|i| b"abcdefghijklmnopqrstuvwxyz0123456789 "[i % 37]));
+    body.extend_from_slice(tail);
+    body.truncate(len);
+    body
+}
+
+enum Framing {
+    Length,
+    Chunked(usize),
+    Trickle { pieces: usize, gap_ms: u64 },
+}
+
+fn framed(body: Vec<u8>, framing: &Framing) -> reqwest::Body {
+    match *framing {
+        Framing::Length => reqwest::Body::from(body),
+        Framing::Chunked(size) => {
+            let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+                body.chunks(size).map(|c| Ok(c.to_vec())).collect();
+            reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
+        }
+        Framing::Trickle { pieces, gap_ms } => {
+            let size = body.len().div_ceil(pieces).max(1);
+            let chunks: Vec<Vec<u8>> = body.chunks(size).map(<[u8]>::to_vec).collect();
+            let stream = futures_util::stream::iter(chunks).then(move |c| async move {
+                tokio::time::sleep(Duration::from_millis(gap_ms)).await;
+                Ok::<_, std::io::Error>(c)
+            });
+            reqwest::Body::wrap_stream(stream)
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_reach_the_upstream_byte_for_byte() {
+    let ups = [start_upstream("a").await, start_upstream("b").await];
+    // A peek limit past Pingora's 64 KiB replay buffer exercises the re-injection path.
+    let cfg = format!(
+        "{}routing: {{peek_limit_bytes: 1048576}}\n",
+        peers_yaml(&[&ups[0], &ups[1]], None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    const K: usize = 1024;
+    let mut cases: Vec<(usize, Framing)> = Vec::new();
+    for len in [0, K, 63 * K, 65 * K, 1024 * K, 20 * 1024 * K] {
+        cases.push((len, Framing::Length));
+        cases.push((len, Framing::Chunked(if len <= 65 * K { 1 } else { 4093 })));
+    }
+    cases.push((
+        66 * K,
+        Framing::Trickle {
+            pieces: 40,
+            gap_ms: 10,
+        },
+    ));
+    cases.push((
+        2 * K,
+        Framing::Trickle {
+            pieces: 20,
+            gap_ms: 15,
+        },
+    ));
+    for (len, framing) in cases {
+        let label = match framing {
+            Framing::Length => format!("{len} B content-length"),
+            Framing::Chunked(s) => format!("{len} B chunked by {s}"),
+            Framing::Trickle { .. } => format!("{len} B trickled"),
+        };
+        let body = sized_body(len);
+        let want = sha256_hex(&body);
+        for path in [CHAT, "/v1/embeddings"] {
+            let r = c
+                .post(proxy.url(path))
+                .body(framed(body.clone(), &framing))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{label} to {path}: {}", proxy.log());
+            let echo: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(echo["len"], len, "{label} to {path}: length");
+            assert_eq!(
+                echo["sha256"],
+                want.as_str(),
+                "{label} to {path}: bytes differ"
+            );
+        }
+    }
+    assert_eq!(
+        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_events_pass_through_as_they_are_emitted() {
+    let up = start_upstream("a").await;
+    let proxy = start_proxy(&peers_yaml(&[&up], None)).await;
+    let r = client()
+        .post(proxy.url(CHAT))
+        .header("x-mock-events", "12")
+        .header("x-mock-interval-ms", "50")
+        .body(chat("s", "stream me", 1, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    assert!(r.headers().get("content-encoding").is_none());
+    let mut stream = r.bytes_stream();
+    let mut arrivals = Vec::new();
+    let mut text = String::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.unwrap();
+        let events = String::from_utf8_lossy(&chunk).matches("data: ").count();
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        for _ in 0..events {
+            arrivals.push(Instant::now());
+        }
+    }
+    assert_eq!(text.matches("data: ").count(), 13, "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    let mut gaps: Vec<u128> = arrivals
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_millis())
+        .collect();
+    gaps.sort_unstable();
+    // Batching would show as gaps near 0 next to gaps of several intervals.
+    assert!(gaps[0] >= 20, "events arrived batched: {gaps:?}");
+    let median = gaps[gaps.len() / 2];
+    assert!(
+        (35..=80).contains(&median),
+        "median gap {median} ms: {gaps:?}"
+    );
+    assert!(
+        *gaps.last().unwrap() < 200,
+        "an event was held back: {gaps:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_slot_is_released_when_clients_walk_away_mid_stream() {
+    let ups = [
+        start_upstream("a").await,
+        start_upstream("b").await,
+        start_upstream("c").await,
+    ];
+    let proxy = start_proxy(&peers_yaml(&[&ups[0], &ups[1], &ups[2]], None)).await;
+    let c = client();
+    let mut tasks = Vec::new();
+    for i in 0..300u64 {
+        let (c, url) = (c.clone(), proxy.url(CHAT));
+        tasks.push(tokio::spawn(async move {
+            let r = c
+                .post(url)
+                .header("x-mock-events", "20")
+                .header("x-mock-interval-ms", "15")
+                .body(chat("s", &format!("conversation {}", i % 40), 1, true))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            // Two in three clients hang up after a pseudo-random number of events.
+            let keep = (i * 7919 % 20) as usize;
+            let mut stream = r.bytes_stream();
+            let mut got = 0;
+            while let Some(chunk) = stream.next().await {
+                got += String::from_utf8_lossy(&chunk.unwrap())
+                    .matches("data: ")
+                    .count();
+                if i % 3 != 0 && got > keep {
+                    return false;
+                }
+            }
+            true
+        }));
+    }
+    let mut completed = 0;
+    for t in tasks {
+        completed += usize::from(t.await.unwrap());
+    }
+    assert!(completed >= 100);
+    let peers = proxy.wait_idle(Duration::from_secs(10)).await;
+    for p in peers["peers"].as_array().unwrap() {
+        assert_eq!(p["in_flight"], 0, "{peers}");
+    }
+    // The proxy closed the upstream side too: the mock servers stop streaming.
+    let start = Instant::now();
+    while ups
+        .iter()
+        .any(|u| u.active.load(std::sync::atomic::Ordering::SeqCst) > 0)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "upstream streams kept running"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_are_released_on_upstream_resets_and_timeouts() {
+    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let cfg = format!(
+        "{}upstream: {{read_timeout_ms: 300}}
+",
+        peers_yaml(&[&ups[0], &ups[1]], None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let mut tasks = Vec::new();
+    for i in 0..60u64 {
+        let (c, url) = (c.clone(), proxy.url(CHAT));
+        tasks.push(tokio::spawn(async move {
+            let req = c.post(url).body(chat("s", &format!("c{i}"), 1, true));
+            let req = match i % 3 {
+                // The upstream drops the connection mid-stream.
+                0 => req
+                    .header("x-mock-events", "10")
+                    .header("x-mock-reset-after", (i % 5 + 1).to_string()),
+                // The upstream goes silent mid-stream, past the read timeout.
+                1 => req
+                    .header("x-mock-events", "3")
+                    .header("x-mock-interval-ms", "1000"),
+                // The upstream never answers the headers in time.
+                _ => req.header("x-mock-delay-ms", "1000"),
+            };
+            match req.send().await {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let body = r.bytes().await;
+                    (status, body.is_ok())
+                }
+                Err(_) => (0, false),
+            }
+        }));
+    }
+    let mut header_timeouts = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (status, complete) = t.await.unwrap();
+        if i % 3 == 2 {
+            assert_eq!(status, 504, "a silent upstream is a gateway timeout");
+            header_timeouts += 1;
+        } else {
+            assert!(!complete || status != 200, "a cut stream looked complete");
+        }
+    }
+    assert_eq!(header_timeouts, 20);
+    let peers = proxy.wait_idle(Duration::from_secs(10)).await;
+    assert_eq!(peers["in_flight"], 0, "{peers}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saturation_waits_in_line_then_answers_503() {
+    let up = start_upstream("a").await;
+    let cfg = format!(
+        "{}routing: {{balance_factor: null}}\nqueue: {{max_waiting: 1, timeout_ms: 400}}\n",
+        peers_yaml(&[&up], Some(1))
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let hold = |events: u32| {
+        c.post(proxy.url(CHAT))
+            .header("x-mock-events", events.to_string())
+            .header("x-mock-interval-ms", "50")
+            .body(chat("s", "holder", 1, true))
+            .send()
+    };
+
+    // A short holder: the waiter gets the slot once it ends.
+    let holder = hold(4).await.unwrap();
+    let waiter = tokio::spawn({
+        let (c, url) = (c.clone(), proxy.url(CHAT));
+        async move {
+            let start = Instant::now();
+            let r = c
+                .post(url)
+                .body(chat("s", "waiter", 1, false))
+                .send()
+                .await
+                .unwrap();
+            (r.status(), start.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let _ = holder.bytes().await.unwrap();
+    let (status, waited) = waiter.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        waited >= Duration::from_millis(100),
+        "served without waiting: {waited:?}"
+    );
+
+    // A long holder: one waiter times out, the one behind it finds the line full.
+    let holder = hold(40).await.unwrap();
+    let timed_out = tokio::spawn({
+        let (c, url) = (c.clone(), proxy.url(CHAT));
+        async move {
+            let start = Instant::now();
+            let r = c
+                .post(url)
+                .body(chat("s", "w1", 1, false))
+                .send()
+                .await
+                .unwrap();
+            (
+                r.status(),
+                r.headers().get("retry-after").cloned(),
+                start.elapsed(),
+                r.text().await.unwrap(),
+            )
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let full = c
+        .post(proxy.url(CHAT))
+        .body(chat("s", "w2", 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(full.status(), 503);
+    assert!(full.headers().contains_key("retry-after"));
+    let err: serde_json::Value = full.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "cluster_saturated");
+    assert_eq!(err["error"]["type"], "server_error");
+    assert!(err["error"]["message"].is_string());
+
+    let (status, retry_after, waited, body) = timed_out.await.unwrap();
+    assert_eq!(status, 503);
+    assert_eq!(retry_after.unwrap(), "1");
+    assert!(waited >= Duration::from_millis(380), "{waited:?}");
+    let err: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(err["error"]["code"], "queue_timeout");
+    drop(holder);
+    assert_eq!(
+        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_length_queue_rejects_at_once() {
+    let up = start_upstream("a").await;
+    let cfg = format!(
+        "{}routing: {{balance_factor: null}}\nqueue: {{max_waiting: 0}}\n",
+        peers_yaml(&[&up], Some(1))
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let holder = c
+        .post(proxy.url(CHAT))
+        .header("x-mock-events", "20")
+        .header("x-mock-interval-ms", "50")
+        .body(chat("s", "holder", 1, true))
+        .send()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let r = c
+        .post(proxy.url(CHAT))
+        .body(chat("s", "x", 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(start.elapsed() < Duration::from_millis(300));
+    drop(holder);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_peer_is_skipped_by_retrying_the_next_one() {
+    let live = start_upstream("live").await;
+    // An address nobody listens on: connects are refused.
+    let dead = format!("127.0.0.1:{}", free_port());
+    let cfg = format!(
+        "peers:\n  - addr: \"{dead}\"\n  - addr: \"{}\"\nupstream: {{connect_retries: 1}}\n",
+        live.addr
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    for i in 0..40 {
+        let r = post_chat(
+            &c,
+            &proxy,
+            chat("s", &format!("conversation {i}"), 1, false),
+        )
+        .await;
+        assert_eq!(r.status(), 200, "{}", proxy.log());
+        assert_eq!(upstream_of(&r), "live");
+    }
+    assert_eq!(
+        live.seen().len(),
+        40,
+        "every request reached the live peer exactly once"
+    );
+    assert_eq!(
+        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_stop_at_the_configured_count() {
+    let dead: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let cfg = format!(
+        "peers:\n{}upstream: {{connect_retries: 1}}\n",
+        dead.iter()
+            .map(|d| format!("  - addr: \"{d}\"\n"))
+            .collect::<String>()
+    );
+    let proxy = start_proxy(&cfg).await;
+    let r = post_chat(&client(), &proxy, chat("s", "q", 1, false)).await;
+    assert_eq!(r.status(), 502);
+    let err: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "upstream_error");
+    assert_eq!(
+        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_bodies_get_413() {
+    let up = start_upstream("a").await;
+    let cfg = format!(
+        "{}limits: {{max_body_bytes: 100000}}\n",
+        peers_yaml(&[&up], None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let big = sized_body(200_000);
+    for (path, framing) in [
+        (CHAT, Framing::Length),
+        (CHAT, Framing::Chunked(8192)),
+        ("/v1/embeddings", Framing::Length),
+        ("/v1/embeddings", Framing::Chunked(8192)),
+    ] {
+        let r = c
+            .post(proxy.url(path))
+            .body(framed(big.clone(), &framing))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 413, "{path}");
+        let err: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(err["error"]["type"], "invalid_request_error");
+        assert_eq!(err["error"]["code"], "request_too_large");
+    }
+    let ok = c
+        .post(proxy.url(CHAT))
+        .body(sized_body(90_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(
+        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_bodies_are_routed_by_fallback_and_leak_nothing() {
+    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let proxy = start_proxy(&peers_yaml(&[&ups[0], &ups[1]], None)).await;
+    let c = client();
+    let bodies: Vec<Vec<u8>> = vec![
+        b"not json at all".to_vec(),
+        b"{\"messages\": [".to_vec(),
+        vec![0xff, 0xfe, 0x00, 0x7b],
+        format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000)).into_bytes(),
+        br#"{"messages":"wrong shape"}"#.to_vec(),
+    ];
+    let mut by_body: HashMap<usize, String> = HashMap::new();
+    for (i, b) in bodies.iter().enumerate() {
+        let r = c
+            .post(proxy.url(CHAT))
+            .body(b.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let echo: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(echo["sha256"], sha256_hex(b).as_str());
+        by_body.insert(i, echo["upstream"].as_str().unwrap().to_owned());
+    }
+    // Fallback is the client address: one client, one peer.
+    assert_eq!(by_body.values().collect::<HashSet<_>>().len(), 1);
+    assert_eq!(
+        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
+        0
+    );
+}
+
+#[test]
+fn invalid_configs_are_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "peers: [{addr: \"127.0.0.1:1\", wieght: 2}]",
+            "peers[0].wieght",
+        ),
+        ("routing: {balance_factor: 0.5}", "routing.balance_factor"),
+        ("peers: [{addr: \"not an address\"}]", "peers[0].addr"),
+        ("queue: {max_waiting: -1}", "queue.max_waiting"),
+        ("listen: [\"127.0.0.1:99999\"]", "listen[0]"),
+        (
+            "peers: [{addr: \"127.0.0.1:1\"}, {addr: \"127.0.0.1:2\", weight: 0}]",
+            "peers[1].weight",
+        ),
+    ];
+    for (yaml, field) in cases {
+        let path = dir.path().join("bad.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let out = std::process::Command::new(binary())
+            .arg("-l")
+            .arg(&path)
+            .arg("-t")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{yaml} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(field), "{yaml}: {stderr}");
+    }
+    let ok = std::process::Command::new(binary())
+        .args(["-l", "conf/prefixlb.yaml", "-c", "conf/pingora.yaml", "-t"])
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
