@@ -5,15 +5,15 @@
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::HeaderName;
 use serde::Deserialize;
 
 use crate::routing::{
-    Balance, Fallback, KeyConfig, PeerSpec, Policy, RingConfig, DEFAULT_BALANCE_FACTOR,
-    DEFAULT_VNODES_PER_WEIGHT, UNLIMITED,
+    Balance, Fallback, KeyConfig, OutlierPolicy, PeerSpec, Policy, RingConfig,
+    DEFAULT_BALANCE_FACTOR, DEFAULT_VNODES_PER_WEIGHT, UNLIMITED,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +24,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             reason: reason.into(),
@@ -62,6 +62,99 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     #[serde(default)]
     pub admin: AdminConfig,
+    #[serde(default)]
+    pub discovery: DiscoveryConfig,
+    #[serde(default)]
+    pub health_check: HealthCheckConfig,
+    #[serde(default)]
+    pub outlier: OutlierConfig,
+}
+
+/// Where the peers come from after start: the `peers` section of this file (the default), a
+/// peers file, or DNS. Files are re-read when they change and on SIGHUP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// A YAML file holding `peers: [...]`, in the same form as this file's `peers`.
+    #[serde(default)]
+    pub peers_file: Option<PathBuf>,
+    /// How often a peers file (or this file) is checked for changes.
+    #[serde(default = "default_reload_interval")]
+    pub reload_interval_ms: u64,
+    #[serde(default)]
+    pub dns: Option<DnsConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DnsRecord {
+    /// A and AAAA records, each address with `port`.
+    A,
+    /// SRV records: target, port and weight from the record.
+    Srv,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsConfig {
+    /// e.g. `vllm.inference.svc.cluster.local` (a Kubernetes headless service).
+    pub name: String,
+    #[serde(default = "default_dns_record")]
+    pub record: DnsRecord,
+    /// The port of every address (A/AAAA records).
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default = "default_dns_interval")]
+    pub interval_ms: u64,
+    /// `ip:port` of the resolver to ask; the system's (resolv.conf) when absent.
+    #[serde(default)]
+    pub nameserver: Option<SocketAddr>,
+    /// Weight and ceiling of every discovered peer (SRV weights override the weight).
+    #[serde(default = "one")]
+    pub weight: u32,
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+}
+
+/// Active checks: an HTTP GET per peer per interval; a peer flips after so many results in a
+/// row.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckConfig {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "default_health_path")]
+    pub path: String,
+    #[serde(default = "default_health_interval")]
+    pub interval_ms: u64,
+    #[serde(default = "default_health_timeout")]
+    pub timeout_ms: u64,
+    #[serde(default = "default_flip")]
+    pub healthy_after: usize,
+    #[serde(default = "default_flip")]
+    pub unhealthy_after: usize,
+}
+
+/// Passive ejection: a peer whose requests keep failing (connect errors, 5xx; not 4xx) is left
+/// out for a while, longer each time it fails again right after.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutlierConfig {
+    /// 0 turns ejection off.
+    #[serde(default = "default_outlier_failures")]
+    pub consecutive_failures: u32,
+    #[serde(default = "default_base_ejection")]
+    pub base_ejection_ms: u64,
+    #[serde(default = "default_max_ejection")]
+    pub max_ejection_ms: u64,
+}
+
+/// A peers file: just the peers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeersFile {
+    #[serde(default)]
+    pub peers: Vec<PeerConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -171,6 +264,39 @@ pub struct UpstreamConfig {
 fn default_listen() -> Vec<String> {
     vec!["127.0.0.1:8080".into()]
 }
+fn yes() -> bool {
+    true
+}
+fn default_reload_interval() -> u64 {
+    1_000
+}
+fn default_dns_record() -> DnsRecord {
+    DnsRecord::A
+}
+fn default_dns_interval() -> u64 {
+    5_000
+}
+fn default_health_path() -> String {
+    "/health".into()
+}
+fn default_health_interval() -> u64 {
+    2_000
+}
+fn default_health_timeout() -> u64 {
+    1_000
+}
+fn default_flip() -> usize {
+    2
+}
+fn default_outlier_failures() -> u32 {
+    5
+}
+fn default_base_ejection() -> u64 {
+    5_000
+}
+fn default_max_ejection() -> u64 {
+    300_000
+}
 fn default_admin_listen() -> Option<String> {
     Some("127.0.0.1:9090".into())
 }
@@ -255,34 +381,89 @@ defaults_from_serde!(
     QueueConfig,
     LimitsConfig,
     UpstreamConfig,
-    AdminConfig
+    AdminConfig,
+    DiscoveryConfig,
+    HealthCheckConfig,
+    OutlierConfig
 );
+
+pub fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))
+}
+
+/// Parses YAML into `T`, naming the field of any error.
+pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
+    let de = serde_yaml::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = match e.path().to_string() {
+            root if root == "." => String::new(),
+            path => path,
+        };
+        // serde_yaml starts its message with the path of the enclosing value; the field
+        // already says it.
+        let message = e.into_inner().to_string();
+        let reason = match message.split_once(": ") {
+            Some((prefix, rest)) if !field.is_empty() && field.starts_with(prefix) => {
+                rest.to_owned()
+            }
+            _ => message,
+        };
+        ConfigError::new(field, reason)
+    })
+}
+
+impl PeersFile {
+    pub fn parse(text: &str) -> Result<Vec<PeerSpec>, ConfigError> {
+        let file: PeersFile = from_yaml(text)?;
+        resolve_peers(&file.peers)
+    }
+}
+
+/// The peers as the routing core takes them; hostnames are resolved here, once.
+pub fn resolve_peers(peers: &[PeerConfig]) -> Result<Vec<PeerSpec>, ConfigError> {
+    let mut specs = Vec::with_capacity(peers.len());
+    for (i, p) in peers.iter().enumerate() {
+        let field = |name: &str| format!("peers[{i}].{name}");
+        let addr = p
+            .addr
+            .to_socket_addrs()
+            .map_err(|e| ConfigError::new(field("addr"), format!("`{}`: {e}", p.addr)))?
+            .next()
+            .ok_or_else(|| {
+                ConfigError::new(field("addr"), format!("`{}` resolves to nothing", p.addr))
+            })?;
+        if p.weight == 0 {
+            return Err(ConfigError::new(field("weight"), "must be at least 1"));
+        }
+        if p.max_in_flight == Some(0) {
+            return Err(ConfigError::new(
+                field("max_in_flight"),
+                "must be at least 1 (omit it for no ceiling)",
+            ));
+        }
+        if specs.iter().any(|s: &PeerSpec| s.addr == addr) {
+            return Err(ConfigError::new(
+                field("addr"),
+                format!("{addr} is listed twice"),
+            ));
+        }
+        specs.push(PeerSpec {
+            addr,
+            weight: p.weight,
+            max_in_flight: p.max_in_flight.unwrap_or(UNLIMITED),
+        });
+    }
+    Ok(specs)
+}
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
-        Self::parse(&text)
+        Self::parse(&read(path)?)
     }
 
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let de = serde_yaml::Deserializer::from_str(text);
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = match e.path().to_string() {
-                root if root == "." => String::new(),
-                path => path,
-            };
-            // serde_yaml starts its message with the path of the enclosing value; the field
-            // already says it.
-            let message = e.into_inner().to_string();
-            let reason = match message.split_once(": ") {
-                Some((prefix, rest)) if !field.is_empty() && field.starts_with(prefix) => {
-                    rest.to_owned()
-                }
-                _ => message,
-            };
-            ConfigError::new(field, reason)
-        })?;
+        let config: Config = from_yaml(text)?;
         config.validate()?;
         Ok(config)
     }
@@ -376,6 +557,58 @@ impl Config {
                 ));
             }
         }
+        let d = &self.discovery;
+        if (d.peers_file.is_some() || d.dns.is_some()) && !self.peers.is_empty() {
+            return Err(ConfigError::new(
+                "peers",
+                "must be empty when discovery.peers_file or discovery.dns gives the peers",
+            ));
+        }
+        if d.peers_file.is_some() && d.dns.is_some() {
+            return Err(ConfigError::new(
+                "discovery",
+                "peers_file and dns are two sources: choose one",
+            ));
+        }
+        if d.reload_interval_ms == 0 {
+            return Err(ConfigError::new(
+                "discovery.reload_interval_ms",
+                "must be at least 1",
+            ));
+        }
+        if let Some(dns) = &d.dns {
+            if dns.record == DnsRecord::A && dns.port.is_none() {
+                return Err(ConfigError::new(
+                    "discovery.dns.port",
+                    "is needed with A/AAAA records (SRV records carry their own)",
+                ));
+            }
+            if dns.interval_ms == 0 || dns.weight == 0 || dns.max_in_flight == Some(0) {
+                return Err(ConfigError::new(
+                    "discovery.dns",
+                    "interval_ms, weight and max_in_flight must be at least 1",
+                ));
+            }
+        }
+        let h = &self.health_check;
+        if !h.path.starts_with('/') {
+            return Err(ConfigError::new("health_check.path", "must start with /"));
+        }
+        if h.interval_ms == 0 || h.timeout_ms == 0 || h.healthy_after == 0 || h.unhealthy_after == 0
+        {
+            return Err(ConfigError::new(
+                "health_check",
+                "interval_ms, timeout_ms, healthy_after and unhealthy_after must be at least 1",
+            ));
+        }
+        if self.outlier.base_ejection_ms == 0
+            || self.outlier.max_ejection_ms < self.outlier.base_ejection_ms
+        {
+            return Err(ConfigError::new(
+                "outlier",
+                "base_ejection_ms must be at least 1 and max_ejection_ms at least base_ejection_ms",
+            ));
+        }
         if self.queue.max_waiting > 0 && self.queue.timeout_ms == 0 {
             return Err(ConfigError::new(
                 "queue.timeout_ms",
@@ -385,41 +618,17 @@ impl Config {
         Ok(())
     }
 
-    /// The peers as the routing core takes them; hostnames are resolved here, once.
+    /// The peers listed in this file.
     pub fn peer_specs(&self) -> Result<Vec<PeerSpec>, ConfigError> {
-        let mut specs = Vec::with_capacity(self.peers.len());
-        for (i, p) in self.peers.iter().enumerate() {
-            let field = |name: &str| format!("peers[{i}].{name}");
-            let addr = p
-                .addr
-                .to_socket_addrs()
-                .map_err(|e| ConfigError::new(field("addr"), format!("`{}`: {e}", p.addr)))?
-                .next()
-                .ok_or_else(|| {
-                    ConfigError::new(field("addr"), format!("`{}` resolves to nothing", p.addr))
-                })?;
-            if p.weight == 0 {
-                return Err(ConfigError::new(field("weight"), "must be at least 1"));
-            }
-            if p.max_in_flight == Some(0) {
-                return Err(ConfigError::new(
-                    field("max_in_flight"),
-                    "must be at least 1 (omit it for no ceiling)",
-                ));
-            }
-            if specs.iter().any(|s: &PeerSpec| s.addr == addr) {
-                return Err(ConfigError::new(
-                    field("addr"),
-                    format!("{addr} is listed twice"),
-                ));
-            }
-            specs.push(PeerSpec {
-                addr,
-                weight: p.weight,
-                max_in_flight: p.max_in_flight.unwrap_or(UNLIMITED),
-            });
+        resolve_peers(&self.peers)
+    }
+
+    pub fn outlier(&self) -> OutlierPolicy {
+        OutlierPolicy {
+            consecutive_failures: self.outlier.consecutive_failures,
+            base_ejection: Duration::from_millis(self.outlier.base_ejection_ms),
+            max_ejection: Duration::from_millis(self.outlier.max_ejection_ms),
         }
-        Ok(specs)
     }
 
     pub fn key_config(&self) -> KeyConfig {

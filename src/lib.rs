@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod control;
 pub mod proxy;
 pub mod router;
 pub mod routing;

@@ -7,10 +7,13 @@ use std::sync::Arc;
 use clap::Parser;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
+use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
 use prefixlb::admin::Admin;
 use prefixlb::config::Config;
+use prefixlb::control::source::PeerSource;
+use prefixlb::control::ControlPlane;
 use prefixlb::proxy::PrefixLb;
 use prefixlb::router::Router;
 
@@ -78,6 +81,22 @@ fn main() -> ExitCode {
         proxy.add_tcp(addr);
     }
     server.add_service(proxy);
+    let source = match PeerSource::from_config(&config, &cli.lb_conf) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("prefixlb: {}: {e}", cli.lb_conf.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    match ControlPlane::new(Arc::clone(&router), source, &config.health_check) {
+        Ok(control) => {
+            server.add_service(background_service("control plane", control));
+        }
+        Err(e) => {
+            eprintln!("prefixlb: health check setup: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     if let Some(addr) = &config.admin.listen {
         let mut admin = Service::new(
             "prefixlb admin".into(),

@@ -9,7 +9,8 @@ use arc_swap::ArcSwap;
 use crate::config::{Config, ConfigError, UpstreamConfig};
 use crate::proxy::peek::PeekLimits;
 use crate::routing::{
-    Balance, Cluster, ClusterLoad, KeyExtractor, PeerSpec, QueueLimit, RingConfig,
+    Balance, Cluster, ClusterLoad, KeyExtractor, OutlierPolicy, PeerLoad, PeerSpec, QueueLimit,
+    RingConfig,
 };
 
 pub struct Router {
@@ -24,6 +25,7 @@ pub struct Router {
     pub queue: QueueLimit,
     pub peek: PeekLimits,
     pub upstream: UpstreamConfig,
+    pub outlier: OutlierPolicy,
 }
 
 impl Router {
@@ -46,6 +48,7 @@ impl Router {
                 max_body: config.limits.max_body_bytes,
             },
             upstream: config.upstream.clone(),
+            outlier: config.outlier(),
         })
     }
 
@@ -57,6 +60,18 @@ impl Router {
     /// Load shared by every cluster this router has had.
     pub fn load(&self) -> &Arc<ClusterLoad> {
         &self.load
+    }
+
+    /// Counts a failed request (connect error or 5xx) against `peer`, ejecting it when it
+    /// keeps failing.
+    pub fn peer_failed(&self, peer: &PeerLoad) {
+        if let Some(backoff) = peer.record_failure(&self.outlier) {
+            log::warn!(
+                "ejecting peer {} for {backoff:?}: repeated failures",
+                peer.id()
+            );
+            self.cluster().refresh();
+        }
     }
 
     /// Replaces the peers: survivors keep their counts, health and drain state; removed peers

@@ -168,6 +168,7 @@ impl ProxyHttp for PrefixLb {
         mut e: Box<Error>,
     ) -> Box<Error> {
         if let Some(slot) = ctx.slot.take() {
+            self.router.peer_failed(slot.peer());
             ctx.failed.push(Arc::clone(slot.peer()));
         }
         // Nothing has reached the client yet, so another peer is safe to try.
@@ -195,6 +196,24 @@ impl ProxyHttp for PrefixLb {
             e.retry.decide_reuse(client_reused);
         }
         e
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let Some(slot) = &ctx.slot {
+            // A 4xx is the client's problem (a prompt over the context length, say), not the
+            // server's: only 5xx count against the peer.
+            if upstream_response.status.is_server_error() {
+                self.router.peer_failed(slot.peer());
+            } else {
+                slot.peer().record_success();
+            }
+        }
+        Ok(())
     }
 
     async fn request_body_filter(

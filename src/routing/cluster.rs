@@ -169,7 +169,18 @@ impl Cluster {
         true
     }
 
-    fn refresh(&self) {
+    /// Sets every peer's health from `healthy`, given the peer's backend; wakes the waiting
+    /// line when any came back.
+    pub fn sync_health(&self, healthy: impl Fn(&Backend) -> bool) {
+        for (peer, backend) in self.peers.iter().zip(self.ring.peers()) {
+            peer.set_healthy(healthy(backend));
+        }
+        self.refresh();
+        self.load.waiters().wake_front();
+    }
+
+    /// Recomputes the eligible weight, after ejections began or ran out.
+    pub fn refresh(&self) {
         let w = self
             .peers
             .iter()

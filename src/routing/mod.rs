@@ -18,4 +18,4 @@ pub use key::{
 pub use queue::{QueueLimit, Rejection, WaitQueue};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};
 pub use select::{Balance, Decision, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR};
-pub use slots::{ClusterLoad, PeerLoad, Slot, UNLIMITED};
+pub use slots::{ClusterLoad, OutlierPolicy, PeerLoad, Slot, UNLIMITED};

@@ -8,17 +8,33 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::queue::WaitQueue;
 
 /// Load shared by every peer of a router, across ring rebuilds.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ClusterLoad {
     in_flight: AtomicU64,
     waiters: WaitQueue,
+    epoch: Instant,
+}
+
+impl Default for ClusterLoad {
+    fn default() -> Self {
+        Self {
+            in_flight: AtomicU64::new(0),
+            waiters: WaitQueue::default(),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 impl ClusterLoad {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -40,7 +56,34 @@ pub struct PeerLoad {
     healthy: AtomicBool,
     draining: AtomicBool,
     removed: AtomicBool,
+    /// Passive outlier state: consecutive failures, consecutive ejections (the backoff
+    /// exponent; above 0 the peer is on probation) and when the current ejection ends.
+    failures: AtomicU32,
+    ejections: AtomicU32,
+    ejected: AtomicBool,
+    ejected_until_ms: AtomicU64,
+    ejections_total: AtomicU64,
     cluster: Arc<ClusterLoad>,
+}
+
+/// When to eject a peer that keeps failing, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutlierPolicy {
+    /// Consecutive failures (connect errors, 5xx) that eject a peer; 0 never ejects.
+    pub consecutive_failures: u32,
+    /// The first ejection; each one that follows a failed probe lasts twice as long.
+    pub base_ejection: Duration,
+    pub max_ejection: Duration,
+}
+
+impl Default for OutlierPolicy {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            base_ejection: Duration::from_secs(5),
+            max_ejection: Duration::from_secs(300),
+        }
+    }
 }
 
 /// `max_in_flight` of a peer that has no fixed ceiling.
@@ -62,6 +105,11 @@ impl PeerLoad {
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             removed: AtomicBool::new(false),
+            failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            ejected: AtomicBool::new(false),
+            ejected_until_ms: AtomicU64::new(0),
+            ejections_total: AtomicU64::new(0),
             cluster,
         }
     }
@@ -92,9 +140,67 @@ impl PeerLoad {
         self.removed.load(Ordering::Relaxed)
     }
 
-    /// Healthy, not draining and still a member: the walk may choose it.
+    /// The peer as it is configured now.
+    pub fn spec(&self) -> super::cluster::PeerSpec {
+        super::cluster::PeerSpec {
+            addr: self.addr,
+            weight: self.weight(),
+            max_in_flight: self.max_in_flight(),
+        }
+    }
+
+    /// Healthy, not draining, not ejected and still a member: the walk may choose it.
     pub fn eligible(&self) -> bool {
-        self.healthy() && !self.draining() && !self.removed()
+        self.healthy() && !self.draining() && !self.removed() && !self.ejected()
+    }
+
+    /// Ejected for failing, and the ejection has not run out. Once it has, the peer takes
+    /// requests again on probation: its next failure ejects it again, for twice as long.
+    pub fn ejected(&self) -> bool {
+        if !self.ejected.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.cluster.now_ms() < self.ejected_until_ms.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.ejected.store(false, Ordering::Relaxed);
+        false
+    }
+
+    pub fn ejections_total(&self) -> u64 {
+        self.ejections_total.load(Ordering::Relaxed)
+    }
+
+    /// A request to this peer got an answer that is not a server error.
+    pub fn record_success(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        if !self.ejected() {
+            self.ejections.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A request to this peer failed to connect or got a 5xx. Returns the ejection it
+    /// caused, if it caused one.
+    pub fn record_failure(&self, policy: &OutlierPolicy) -> Option<Duration> {
+        if policy.consecutive_failures == 0 || self.ejected() {
+            return None;
+        }
+        let on_probation = self.ejections.load(Ordering::Relaxed) > 0;
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if !on_probation && failures < policy.consecutive_failures {
+            return None;
+        }
+        self.failures.store(0, Ordering::Relaxed);
+        let exponent = self.ejections.fetch_add(1, Ordering::Relaxed).min(16);
+        let backoff = policy
+            .base_ejection
+            .saturating_mul(1 << exponent)
+            .min(policy.max_ejection);
+        let until = self.cluster.now_ms() + backoff.as_millis() as u64;
+        self.ejected_until_ms.store(until, Ordering::Relaxed);
+        self.ejected.store(true, Ordering::Relaxed);
+        self.ejections_total.fetch_add(1, Ordering::Relaxed);
+        Some(backoff)
     }
 
     pub(crate) fn set_limits(&self, weight: u32, max_in_flight: u32) {
@@ -181,6 +287,37 @@ mod tests {
         drop((b, c));
         assert_eq!(p.in_flight(), 0);
         assert_eq!(p.cluster.in_flight(), 0);
+    }
+
+    #[test]
+    fn repeated_failures_eject_with_growing_backoff_and_success_clears() {
+        let p = peer(4);
+        let policy = OutlierPolicy {
+            consecutive_failures: 3,
+            base_ejection: Duration::from_millis(40),
+            max_ejection: Duration::from_millis(100),
+        };
+        assert_eq!(p.record_failure(&policy), None);
+        p.record_success();
+        assert_eq!(p.record_failure(&policy), None);
+        assert_eq!(p.record_failure(&policy), None);
+        assert_eq!(p.record_failure(&policy), Some(Duration::from_millis(40)));
+        assert!(p.ejected() && !p.eligible());
+        assert_eq!(
+            p.record_failure(&policy),
+            None,
+            "an ejected peer gets no requests to fail"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(p.eligible(), "probed again once the ejection ran out");
+        // On probation one failure ejects again, for twice as long, capped.
+        assert_eq!(p.record_failure(&policy), Some(Duration::from_millis(80)));
+        std::thread::sleep(Duration::from_millis(90));
+        assert_eq!(p.record_failure(&policy), Some(Duration::from_millis(100)));
+        std::thread::sleep(Duration::from_millis(110));
+        p.record_success();
+        assert_eq!(p.record_failure(&policy), None, "a success ends probation");
+        assert_eq!(p.ejections_total(), 3);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,8 @@ struct MockState {
     name: String,
     seen: Arc<Mutex<Vec<Seen>>>,
     active: Arc<AtomicUsize>,
+    healthy: Arc<AtomicBool>,
+    health_checks: Arc<AtomicUsize>,
 }
 
 pub struct Upstream {
@@ -39,10 +41,14 @@ pub struct Upstream {
     seen: Arc<Mutex<Vec<Seen>>>,
     /// Requests being answered right now.
     pub active: Arc<AtomicUsize>,
+    /// What `/health` answers: 200 while true, 503 while false.
+    pub healthy: Arc<AtomicBool>,
+    pub health_checks: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Upstream {
+    /// Requests other than health checks.
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
@@ -83,8 +89,11 @@ pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) ->
         name: name.to_owned(),
         seen: Arc::default(),
         active: Arc::default(),
+        healthy: Arc::new(AtomicBool::new(true)),
+        health_checks: Arc::default(),
     };
     let (seen, active) = (Arc::clone(&state.seen), Arc::clone(&state.active));
+    let (healthy, health_checks) = (Arc::clone(&state.healthy), Arc::clone(&state.health_checks));
     let app = axum::Router::new().fallback(mock).with_state(state);
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
@@ -94,6 +103,8 @@ pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) ->
         name: name.to_owned(),
         seen,
         active,
+        healthy,
+        health_checks,
         task,
     }
 }
@@ -122,6 +133,15 @@ async fn mock(State(s): State<MockState>, req: Request) -> Response {
         Ok(b) => b,
         Err(_) => return reply(&s.name, StatusCode::BAD_REQUEST, "{}".into()),
     };
+    if parts.uri.path() == "/health" {
+        s.health_checks.fetch_add(1, Ordering::SeqCst);
+        let status = if s.healthy.load(Ordering::SeqCst) {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        return reply(&s.name, status, "{}".into());
+    }
     s.seen.lock().unwrap().push(Seen {
         path: parts.uri.path().to_owned(),
         len: bytes.len(),
@@ -131,9 +151,6 @@ async fn mock(State(s): State<MockState>, req: Request) -> Response {
     });
     if let Some(ms) = header_num(&h, "x-mock-delay-ms") {
         tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
-    if parts.uri.path() == "/health" {
-        return reply(&s.name, StatusCode::OK, "{}".into());
     }
     if let Some(status) = header_num(&h, "x-mock-status") {
         let status = StatusCode::from_u16(status as u16).unwrap();

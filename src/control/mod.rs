@@ -1,0 +1,188 @@
+//! The control plane: follows the peer list (file or DNS) and the peers' health, and swaps a
+//! new cluster in when either changes. It runs as a Pingora background service, off the
+//! request path.
+//!
+//! Health checks are pingora-load-balancing's: a `Backends` view over the current cluster
+//! members with an `HttpHealthCheck`, in a registry keyed by address alone, so that a peer keeps
+//! its health across weight changes and reloads.
+
+pub mod source;
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::http::RequestHeader;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use pingora_load_balancing::discovery::ServiceDiscovery;
+use pingora_load_balancing::health_check::HttpHealthCheck;
+use pingora_load_balancing::{Backend, Backends, HealthRegistry};
+use tokio::sync::Mutex;
+
+use crate::config::{ConfigError, HealthCheckConfig};
+use crate::router::Router;
+use source::PeerSource;
+
+pub struct ControlPlane {
+    router: Arc<Router>,
+    source: Mutex<PeerSource>,
+    health: Option<(Arc<HealthRegistry>, Duration)>,
+    backends: Backends,
+}
+
+/// The health checker's view of the membership: whatever the router's cluster holds now.
+struct Members(Arc<Router>);
+
+#[async_trait]
+impl ServiceDiscovery for Members {
+    async fn discover(&self) -> pingora::Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
+        let set = self.0.cluster().ring().peers().iter().cloned().collect();
+        Ok((set, HashMap::new()))
+    }
+}
+
+fn address_key(backend: &Backend) -> u64 {
+    let mut h = DefaultHasher::new();
+    backend.addr.hash(&mut h);
+    h.finish()
+}
+
+impl ControlPlane {
+    pub fn new(
+        router: Arc<Router>,
+        source: PeerSource,
+        health: &HealthCheckConfig,
+    ) -> pingora::Result<Self> {
+        let registry = Arc::new(HealthRegistry::with_equivalence(address_key));
+        let health = if health.enabled {
+            let mut check = HttpHealthCheck::new("prefixlb", false);
+            let mut req = RequestHeader::build("GET", health.path.as_bytes(), None)?;
+            req.insert_header("host", "prefixlb")?;
+            check.req = req;
+            check.consecutive_success = health.healthy_after;
+            check.consecutive_failure = health.unhealthy_after;
+            let timeout = Duration::from_millis(health.timeout_ms);
+            check.peer_template.options.connection_timeout = Some(timeout);
+            check.peer_template.options.total_connection_timeout = Some(timeout);
+            check.peer_template.options.read_timeout = Some(timeout);
+            check.peer_template.options.write_timeout = Some(timeout);
+            registry.set_health_check(Box::new(check));
+            Some((
+                Arc::clone(&registry),
+                Duration::from_millis(health.interval_ms),
+            ))
+        } else {
+            None
+        };
+        let backends =
+            Backends::new_with_health_registry(Box::new(Members(Arc::clone(&router))), registry);
+        Ok(Self {
+            router,
+            source: Mutex::new(source),
+            health,
+            backends,
+        })
+    }
+
+    /// Reads the peer source again and swaps in a new cluster if the list changed. An invalid
+    /// list leaves the current one in place. Returns whether the peers changed.
+    pub async fn reload(&self, force: bool) -> Result<bool, ConfigError> {
+        let mut source = self.source.lock().await;
+        let Some(mut specs) = source.load(force).await? else {
+            return Ok(false);
+        };
+        specs.sort_by_key(|s| s.addr);
+        let current: Vec<_> = self
+            .router
+            .cluster()
+            .peers()
+            .iter()
+            .map(|p| p.spec())
+            .collect();
+        if specs == current {
+            return Ok(false);
+        }
+        self.router.set_peers(&specs);
+        self.sync_membership().await;
+        log::info!("peers from {}: now {} peers", source.label(), specs.len());
+        Ok(true)
+    }
+
+    async fn sync_membership(&self) {
+        if let Err(e) = self.backends.update(|_| ()).await {
+            log::warn!("health checker could not take the new peers: {e}");
+        }
+        self.sync_health();
+    }
+
+    fn sync_health(&self) {
+        if self.health.is_some() {
+            self.router
+                .cluster()
+                .sync_health(|b| self.backends.ready(b));
+        } else {
+            self.router.cluster().refresh();
+        }
+    }
+
+    async fn reload_loop(&self, mut shutdown: ShutdownWatch) {
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                log::warn!("cannot listen for SIGHUP, reloads follow file changes only: {e}");
+                None
+            }
+        };
+        let label = self.source.lock().await.label();
+        let mut tick = tokio::time::interval(self.source.lock().await.interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let force = tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => false,
+                Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => None } } => {
+                    log::info!("SIGHUP: reloading peers from {label}");
+                    true
+                }
+            };
+            if let Err(e) = self.reload(force).await {
+                log::error!("peers from {label} not reloaded, keeping the current ones: {e}");
+            }
+        }
+    }
+
+    async fn health_loop(&self, mut shutdown: ShutdownWatch) {
+        let Some((registry, interval)) = &self.health else {
+            return;
+        };
+        let mut tick = tokio::time::interval(*interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {}
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = registry.run_health_check(true) => {}
+            }
+            self.sync_health();
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for ControlPlane {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        self.sync_membership().await;
+        tokio::join!(
+            self.reload_loop(shutdown.clone()),
+            self.health_loop(shutdown)
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! Where the peer list comes from, and reading it again.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::RData;
+use hickory_resolver::TokioResolver;
+
+use crate::config::{Config, ConfigError, DnsConfig, DnsRecord, PeersFile};
+use crate::routing::{PeerSpec, UNLIMITED};
+
+pub enum PeerSource {
+    /// The `peers` section of prefixlb's own file.
+    ConfigFile(FileSource),
+    /// A file of its own.
+    PeersFile(FileSource),
+    Dns(DnsSource),
+}
+
+pub struct FileSource {
+    path: PathBuf,
+    /// What the file held when it was last read, so that an unchanged file is not parsed.
+    last: Option<String>,
+    interval: Duration,
+}
+
+pub struct DnsSource {
+    config: DnsConfig,
+    resolver: TokioResolver,
+}
+
+impl PeerSource {
+    pub fn from_config(config: &Config, config_path: &Path) -> Result<Self, ConfigError> {
+        let interval = Duration::from_millis(config.discovery.reload_interval_ms);
+        if let Some(dns) = &config.discovery.dns {
+            return Ok(PeerSource::Dns(DnsSource::new(dns.clone())?));
+        }
+        let file = |path: &Path, last: Option<String>| FileSource {
+            path: path.to_owned(),
+            last,
+            interval,
+        };
+        Ok(match &config.discovery.peers_file {
+            Some(path) => PeerSource::PeersFile(file(path, None)),
+            // The config file was just read for the start-up peers.
+            None => {
+                PeerSource::ConfigFile(file(config_path, std::fs::read_to_string(config_path).ok()))
+            }
+        })
+    }
+
+    pub fn label(&self) -> String {
+        match self {
+            PeerSource::ConfigFile(f) | PeerSource::PeersFile(f) => f.path.display().to_string(),
+            PeerSource::Dns(d) => format!("dns {}", d.config.name),
+        }
+    }
+
+    pub fn interval(&self) -> Duration {
+        match self {
+            PeerSource::ConfigFile(f) | PeerSource::PeersFile(f) => f.interval,
+            PeerSource::Dns(d) => Duration::from_millis(d.config.interval_ms),
+        }
+    }
+
+    /// The peers the source lists now; `Ok(None)` when a file is unchanged since the last read
+    /// and `force` is off.
+    pub async fn load(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError> {
+        match self {
+            PeerSource::ConfigFile(f) => match f.changed(force)? {
+                Some(text) => Ok(Some(Config::parse(&text)?.peer_specs()?)),
+                None => Ok(None),
+            },
+            PeerSource::PeersFile(f) => match f.changed(force)? {
+                Some(text) => Ok(Some(PeersFile::parse(&text)?)),
+                None => Ok(None),
+            },
+            PeerSource::Dns(d) => d.resolve().await.map(Some),
+        }
+    }
+}
+
+impl FileSource {
+    fn changed(&mut self, force: bool) -> Result<Option<String>, ConfigError> {
+        let text = crate::config::read(&self.path)?;
+        if !force && self.last.as_ref() == Some(&text) {
+            return Ok(None);
+        }
+        self.last = Some(text.clone());
+        Ok(Some(text))
+    }
+}
+
+impl DnsSource {
+    fn new(config: DnsConfig) -> Result<Self, ConfigError> {
+        let provider = TokioRuntimeProvider::default();
+        let mut builder = match config.nameserver {
+            Some(ns) => {
+                let mut udp = ConnectionConfig::udp();
+                udp.port = ns.port();
+                let mut tcp = ConnectionConfig::tcp();
+                tcp.port = ns.port();
+                let server = NameServerConfig::new(ns.ip(), true, vec![udp, tcp]);
+                TokioResolver::builder_with_config(
+                    ResolverConfig::from_name_servers(vec![server]),
+                    provider,
+                )
+            }
+            None => TokioResolver::builder(provider).map_err(|e| {
+                ConfigError::new("discovery.dns", format!("no system resolver: {e}"))
+            })?,
+        };
+        // prefixlb asks again every interval: that, not the record TTL, is how fresh it is.
+        builder.options_mut().cache_size = 0;
+        let resolver = builder.build().map_err(|e| {
+            ConfigError::new("discovery.dns", format!("cannot build the resolver: {e}"))
+        })?;
+        Ok(Self { config, resolver })
+    }
+
+    async fn resolve(&self) -> Result<Vec<PeerSpec>, ConfigError> {
+        let c = &self.config;
+        let fail = |e: hickory_resolver::net::NetError| {
+            ConfigError::new("discovery.dns.name", format!("resolving {}: {e}", c.name))
+        };
+        let max_in_flight = c.max_in_flight.unwrap_or(UNLIMITED);
+        let mut specs = Vec::new();
+        match c.record {
+            DnsRecord::A => {
+                let port = c.port.unwrap_or_default();
+                for ip in self
+                    .resolver
+                    .lookup_ip(c.name.as_str())
+                    .await
+                    .map_err(fail)?
+                    .iter()
+                {
+                    specs.push(PeerSpec {
+                        addr: (ip, port).into(),
+                        weight: c.weight,
+                        max_in_flight,
+                    });
+                }
+            }
+            DnsRecord::Srv => {
+                let lookup = self
+                    .resolver
+                    .srv_lookup(c.name.as_str())
+                    .await
+                    .map_err(fail)?;
+                for record in lookup.answers() {
+                    let RData::SRV(srv) = &record.data else {
+                        continue;
+                    };
+                    let target = srv.target.to_string();
+                    for ip in self
+                        .resolver
+                        .lookup_ip(target.as_str())
+                        .await
+                        .map_err(fail)?
+                        .iter()
+                    {
+                        specs.push(PeerSpec {
+                            addr: (ip, srv.port).into(),
+                            weight: u32::from(srv.weight).max(1),
+                            max_in_flight,
+                        });
+                    }
+                }
+            }
+        }
+        specs.sort_by_key(|s| s.addr);
+        specs.dedup_by_key(|s| s.addr);
+        Ok(specs)
+    }
+}
