@@ -46,6 +46,7 @@ impl Admin {
                     "weight": p.weight(),
                     "healthy": p.healthy(),
                     "draining": p.draining(),
+                    "ejected": p.ejected(),
                     "in_flight": p.in_flight(),
                     "max_in_flight": (p.max_in_flight() != crate::routing::UNLIMITED).then(|| p.max_in_flight()),
                     "bound": cluster.bound(&self.router.balance, p),

@@ -16,7 +16,7 @@ pub enum PeerSource {
     ConfigFile(FileSource),
     /// A file of its own.
     PeersFile(FileSource),
-    Dns(DnsSource),
+    Dns(Box<DnsSource>),
 }
 
 pub struct FileSource {
@@ -35,7 +35,7 @@ impl PeerSource {
     pub fn from_config(config: &Config, config_path: &Path) -> Result<Self, ConfigError> {
         let interval = Duration::from_millis(config.discovery.reload_interval_ms);
         if let Some(dns) = &config.discovery.dns {
-            return Ok(PeerSource::Dns(DnsSource::new(dns.clone())?));
+            return Ok(PeerSource::Dns(Box::new(DnsSource::new(dns.clone())?)));
         }
         let file = |path: &Path, last: Option<String>| FileSource {
             path: path.to_owned(),

@@ -256,6 +256,15 @@ impl Proxy {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The path of the proxy's own configuration file.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("prefixlb.yaml")
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
     }

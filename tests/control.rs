@@ -1,0 +1,623 @@
+//! The control plane through the real binary: health checks, ejection, hot reload, drain and
+//! DNS discovery.
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt;
+
+const CHAT: &str = "/v1/chat/completions";
+
+async fn ask(c: &reqwest::Client, proxy: &Proxy, conversation: &str) -> reqwest::Response {
+    c.post(proxy.url(CHAT))
+        .body(chat("sys", conversation, 1, false))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn served_by(c: &reqwest::Client, proxy: &Proxy, conversation: &str) -> String {
+    let r = ask(c, proxy, conversation).await;
+    assert_eq!(r.status(), 200, "{}", proxy.log());
+    r.headers()["x-upstream"].to_str().unwrap().to_owned()
+}
+
+fn peer<'a>(listing: &'a serde_json::Value, addr: &str) -> &'a serde_json::Value {
+    listing["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["address"] == addr)
+        .unwrap_or_else(|| panic!("{addr} not listed: {listing}"))
+}
+
+/// Polls the admin listing until `pred` holds, at most `limit`; returns how long it took.
+async fn until(
+    proxy: &Proxy,
+    limit: Duration,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let listing = proxy.peers().await;
+        if pred(&listing) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "condition not met in {limit:?}: {listing}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A conversation whose primary is `home`.
+async fn conversation_on(c: &reqwest::Client, proxy: &Proxy, home: &str) -> String {
+    for i in 0..200 {
+        let conv = format!("conversation {i}");
+        if served_by(c, proxy, &conv).await == home {
+            return conv;
+        }
+    }
+    panic!("no conversation maps to {home}");
+}
+
+const FAST_HEALTH: &str =
+    "health_check: {interval_ms: 200, timeout_ms: 200, healthy_after: 1, unhealthy_after: 1}\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_peer_is_marked_down_within_one_interval_and_gets_its_keys_back() {
+    let ups = [
+        start_upstream("a").await,
+        start_upstream("b").await,
+        start_upstream("c").await,
+    ];
+    let cfg = format!(
+        "{}{FAST_HEALTH}",
+        peers_yaml(&[&ups[0], &ups[1], &ups[2]], None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let conv = conversation_on(&c, &proxy, "a").await;
+    let a = ups[0].addr_str();
+
+    // /health starts failing: down within one interval plus the timeout.
+    ups[0].healthy.store(false, Ordering::SeqCst);
+    let took = until(&proxy, Duration::from_secs(3), |l| {
+        peer(l, &a)["healthy"] == false
+    })
+    .await;
+    assert!(
+        took <= Duration::from_millis(200 + 200 + 150),
+        "marked down after {took:?}"
+    );
+    let before = ups[0].seen().len();
+    for i in 0..30 {
+        assert_ne!(served_by(&c, &proxy, &conv).await, "a");
+        let _ = served_by(&c, &proxy, &format!("other {i}")).await;
+    }
+    assert_eq!(
+        ups[0].seen().len(),
+        before,
+        "a peer marked down got requests"
+    );
+
+    ups[0].healthy.store(true, Ordering::SeqCst);
+    until(&proxy, Duration::from_secs(3), |l| {
+        peer(l, &a)["healthy"] == true
+    })
+    .await;
+    assert_eq!(
+        served_by(&c, &proxy, &conv).await,
+        "a",
+        "its keys did not come back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_peer_goes_down_and_a_restarted_one_comes_back() {
+    let a = start_upstream("a").await;
+    let b = start_upstream("b").await;
+    let a_addr = a.addr;
+    let cfg = format!("{}{FAST_HEALTH}", peers_yaml(&[&a, &b], None));
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let conv = conversation_on(&c, &proxy, "a").await;
+    drop(a);
+    until(&proxy, Duration::from_secs(3), |l| {
+        peer(l, &a_addr.to_string())["healthy"] == false
+    })
+    .await;
+    for _ in 0..10 {
+        assert_eq!(served_by(&c, &proxy, &conv).await, "b");
+    }
+    let listener = tokio::net::TcpListener::bind(a_addr).await.unwrap();
+    let _a = start_upstream_on("a", listener).await;
+    until(&proxy, Duration::from_secs(3), |l| {
+        peer(l, &a_addr.to_string())["healthy"] == true
+    })
+    .await;
+    assert_eq!(served_by(&c, &proxy, &conv).await, "a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_5xx_eject_a_peer_but_4xx_do_not() {
+    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let cfg = format!(
+        "{}health_check: {{enabled: false}}\noutlier: {{consecutive_failures: 3, base_ejection_ms: 1500, max_ejection_ms: 10000}}\n",
+        peers_yaml(&[&ups[0], &ups[1]], None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let conv = conversation_on(&c, &proxy, "a").await;
+    let a = ups[0].addr_str();
+    let with_status = |status: u16| {
+        c.post(proxy.url(CHAT))
+            .header("x-mock-status", status.to_string())
+            .body(chat("sys", &conv, 1, false))
+            .send()
+    };
+    for _ in 0..10 {
+        assert_eq!(with_status(400).await.unwrap().status(), 400);
+    }
+    assert_eq!(
+        peer(&proxy.peers().await, &a)["ejected"],
+        false,
+        "4xx ejected the peer"
+    );
+    for _ in 0..3 {
+        assert_eq!(with_status(500).await.unwrap().status(), 500);
+    }
+    assert_eq!(peer(&proxy.peers().await, &a)["ejected"], true);
+    assert_eq!(
+        served_by(&c, &proxy, &conv).await,
+        "b",
+        "an ejected peer got a request"
+    );
+    // After the backoff the peer is tried again, and a success restores it.
+    until(&proxy, Duration::from_secs(4), |l| {
+        peer(l, &a)["ejected"] == false
+    })
+    .await;
+    assert_eq!(served_by(&c, &proxy, &conv).await, "a");
+}
+
+fn write_peers(path: &std::path::Path, peers: &[(&Upstream, u32)]) {
+    let mut s = String::from("peers:\n");
+    for (u, w) in peers {
+        s.push_str(&format!("  - {{addr: \"{}\", weight: {w}}}\n", u.addr));
+    }
+    // Write then rename, as configuration management does, so a reader never sees half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, s).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewriting_the_peers_file_under_load_fails_no_request() {
+    let ups = [
+        start_upstream("a").await,
+        start_upstream("b").await,
+        start_upstream("c").await,
+        start_upstream("d").await,
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let peers_file = dir.path().join("peers.yaml");
+    write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1)]);
+    let cfg = format!(
+        "discovery: {{peers_file: \"{}\", reload_interval_ms: 10}}\n",
+        peers_file.display()
+    );
+    let proxy = Arc::new(start_proxy(&cfg).await);
+    let c = client();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ok, failed) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    let mut load = Vec::new();
+    for w in 0..12u64 {
+        let (c, proxy, stop, ok, failed) = (
+            c.clone(),
+            Arc::clone(&proxy),
+            stop.clone(),
+            ok.clone(),
+            failed.clone(),
+        );
+        load.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                i += 1;
+                let streaming = w % 2 == 0;
+                let mut req = c.post(proxy.url(CHAT)).body(chat(
+                    "s",
+                    &format!("w{w} c{}", i % 9),
+                    1,
+                    streaming,
+                ));
+                if streaming {
+                    req = req
+                        .header("x-mock-events", "6")
+                        .header("x-mock-interval-ms", "20");
+                }
+                let outcome = match req.send().await {
+                    Ok(r) if r.status() == 200 => {
+                        let mut s = r.bytes_stream();
+                        let mut text = String::new();
+                        let mut broken = None;
+                        while let Some(chunk) = s.next().await {
+                            match chunk {
+                                Ok(b) => text.push_str(&String::from_utf8_lossy(&b)),
+                                Err(e) => broken = Some(e.to_string()),
+                            }
+                        }
+                        match broken {
+                            Some(e) => Err(e),
+                            None if streaming && !text.ends_with("data: [DONE]\n\n") => {
+                                Err(format!("cut stream: {text}"))
+                            }
+                            None => Ok(()),
+                        }
+                    }
+                    Ok(r) => Err(format!("status {}", r.status())),
+                    Err(e) => Err(e.to_string()),
+                };
+                match outcome {
+                    Ok(()) => ok.fetch_add(1, Ordering::SeqCst),
+                    Err(e) => {
+                        failed.lock().unwrap().push(e);
+                        0
+                    }
+                };
+            }
+        }));
+    }
+    // 100 rewrites: adds, removes and weight changes, never an empty list.
+    let mut changes_seen = 0;
+    let mut last = proxy.peers().await["peers"].clone();
+    for round in 0..100usize {
+        let mut set: Vec<(&Upstream, u32)> = Vec::new();
+        for (i, u) in ups.iter().enumerate() {
+            if (round * 7 + i * 3) % 5 != 0 || i == round % 4 {
+                set.push((u, 1 + ((round + i) % 3) as u32));
+            }
+        }
+        write_peers(&peers_file, &set);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let now = proxy.peers().await["peers"].clone();
+        if now != last {
+            changes_seen += 1;
+            last = now;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in load {
+        t.await.unwrap();
+    }
+    let failed = failed.lock().unwrap().clone();
+    assert!(
+        failed.is_empty(),
+        "{} requests failed, e.g. {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    assert!(
+        ok.load(Ordering::SeqCst) > 200,
+        "too little load: {}",
+        ok.load(Ordering::SeqCst)
+    );
+    assert!(
+        changes_seen >= 50,
+        "only {changes_seen} of 100 rewrites took effect"
+    );
+    let listing = proxy.wait_idle(Duration::from_secs(5)).await;
+    assert_eq!(listing["in_flight"], 0, "{listing}");
+    for p in listing["peers"].as_array().unwrap() {
+        assert_eq!(p["in_flight"], 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_peers_section_of_the_config_file() {
+    let ups = [start_upstream("a").await, start_upstream("b").await];
+    // Checked for changes only once a minute: the reload below is the signal's doing.
+    let cfg = format!(
+        "discovery: {{reload_interval_ms: 60000}}\n{}",
+        peers_yaml(&[&ups[0]], None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let path = proxy.config_path();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(
+            &peers_yaml(&[&ups[0]], None),
+            &peers_yaml(&[&ups[0], &ups[1]], None),
+        ),
+    )
+    .unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &proxy.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    until(&proxy, Duration::from_secs(3), |l| {
+        l["peers"].as_array().unwrap().len() == 2
+    })
+    .await;
+    assert_eq!(
+        peer(&proxy.peers().await, &ups[1].addr_str())["healthy"],
+        true
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_peers_file_leaves_routing_unchanged() {
+    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let dir = tempfile::tempdir().unwrap();
+    let peers_file = dir.path().join("peers.yaml");
+    write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1)]);
+    let cfg = format!(
+        "discovery: {{peers_file: \"{}\", reload_interval_ms: 20}}\n",
+        peers_file.display()
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let before = proxy.peers().await["peers"].clone();
+    let mut homes = Vec::new();
+    for i in 0..20 {
+        homes.push(served_by(&c, &proxy, &format!("k{i}")).await);
+    }
+    for bad in [
+        "peers: [{addr: \"127.0.0.1:1\", weight: 0}]",
+        "peers: [{adress: \"127.0.0.1:1\"}]",
+        "peers: {not: a list}",
+        ": : :",
+    ] {
+        std::fs::write(&peers_file, bad).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            proxy.peers().await["peers"],
+            before,
+            "{bad} changed the peers"
+        );
+        for (i, home) in homes.iter().enumerate() {
+            assert_eq!(&served_by(&c, &proxy, &format!("k{i}")).await, home);
+        }
+    }
+    let log = proxy.log();
+    assert!(
+        log.contains("peers[0].weight") && log.contains("must be at least 1"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_peer_takes_nothing_new_and_its_in_flight_falls_to_zero() {
+    let ups = [start_upstream("a").await, start_upstream("b").await];
+    // No balance bound, so that three streams of one conversation all stay on its peer.
+    let cfg = format!(
+        "{}routing: {{balance_factor: null}}\n",
+        peers_yaml(&[&ups[0], &ups[1]], None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let conv = conversation_on(&c, &proxy, "a").await;
+    let a = ups[0].addr_str();
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let r = c
+            .post(proxy.url(CHAT))
+            .header("x-mock-events", "10")
+            .header("x-mock-interval-ms", "40")
+            .body(chat("sys", &conv, 1, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["x-upstream"], "a");
+        streams.push(r);
+    }
+    let drained: serde_json::Value = c
+        .post(format!("http://{}/admin/peers/{a}/drain", proxy.admin))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(peer(&drained, &a)["draining"], true);
+    assert_eq!(peer(&drained, &a)["in_flight"], 3);
+    assert_eq!(
+        served_by(&c, &proxy, &conv).await,
+        "b",
+        "a draining peer took a request"
+    );
+    for s in streams {
+        let text = s.text().await.unwrap();
+        assert!(
+            text.ends_with("data: [DONE]\n\n"),
+            "a drain cut an open stream"
+        );
+    }
+    until(&proxy, Duration::from_secs(3), |l| {
+        peer(l, &a)["in_flight"] == 0
+    })
+    .await;
+    let r = c
+        .post(format!("http://{}/admin/peers/{a}/undrain", proxy.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(served_by(&c, &proxy, &conv).await, "a");
+    let missing = c
+        .post(format!(
+            "http://{}/admin/peers/10.9.9.9:1/drain",
+            proxy.admin
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_can_require_a_bearer_token() {
+    let up = start_upstream("a").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let path = dir.path().join("lb.yaml");
+    std::fs::write(
+        &path,
+        format!("listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: \"127.0.0.1:{admin}\", token: s3cret}}\n{}", peers_yaml(&[&up], None)),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(binary())
+        .arg("-l")
+        .arg(&path)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{admin}/admin/peers");
+    let c = client();
+    let start = Instant::now();
+    let denied = loop {
+        if let Ok(r) = c.get(&url).send().await {
+            break r;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(denied.status(), 401);
+    let allowed = c.get(&url).bearer_auth("s3cret").send().await.unwrap();
+    assert_eq!(allowed.status(), 200);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A DNS server on loopback that answers A queries for one name with the current addresses.
+struct FakeDns {
+    addr: SocketAddr,
+    answers: Arc<Mutex<Vec<Ipv4Addr>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeDns {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn fake_dns(name: &str, answers: Vec<Ipv4Addr>) -> FakeDns {
+    use hickory_proto::op::{Message, MessageType};
+    use hickory_proto::rr::{rdata::A, Name, RData, Record, RecordType};
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    let answers = Arc::new(Mutex::new(answers));
+    let served = Arc::clone(&answers);
+    let name = Name::from_ascii(name).unwrap();
+    let task = tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let Ok((n, from)) = socket.recv_from(&mut buf).await else {
+                return;
+            };
+            let Ok(query) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
+            let mut reply = Message::response(query.metadata.id, query.metadata.op_code);
+            reply.metadata.message_type = MessageType::Response;
+            reply.metadata.authoritative = true;
+            reply.metadata.recursion_desired = query.metadata.recursion_desired;
+            reply.metadata.recursion_available = true;
+            for q in &query.queries {
+                reply.add_query(q.clone());
+                if q.query_type() == RecordType::A && q.name().to_lowercase() == name.to_lowercase()
+                {
+                    for ip in served.lock().unwrap().iter() {
+                        reply.add_answer(Record::from_rdata(q.name().clone(), 0, RData::A(A(*ip))));
+                    }
+                }
+            }
+            if let Ok(bytes) = reply.to_vec() {
+                let _ = socket.send_to(&bytes, from).await;
+            }
+        }
+    });
+    FakeDns {
+        addr,
+        answers,
+        task,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_discovery_follows_the_records() {
+    // Like a headless service: every pod on the same port, each at its own address.
+    let first = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = first.local_addr().unwrap().port();
+    let a = start_upstream_on("a", first).await;
+    let b = start_upstream_on(
+        "b",
+        tokio::net::TcpListener::bind(("127.0.0.2", port))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let c3 = start_upstream_on(
+        "c",
+        tokio::net::TcpListener::bind(("127.0.0.3", port))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let dns = fake_dns(
+        "gpu.test.",
+        vec![Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)],
+    )
+    .await;
+    let cfg = format!(
+        "discovery:\n  dns: {{name: \"gpu.test.\", port: {port}, interval_ms: 100, nameserver: \"{}\", max_in_flight: 8}}\n",
+        dns.addr
+    );
+    let proxy = start_proxy(&cfg).await;
+    let listed = |l: &serde_json::Value| -> Vec<String> {
+        let mut v: Vec<String> = l["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["address"].as_str().unwrap().to_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    until(&proxy, Duration::from_secs(5), |l| {
+        listed(l) == vec![a.addr_str(), b.addr_str()]
+    })
+    .await;
+    assert_eq!(
+        peer(&proxy.peers().await, &a.addr_str())["max_in_flight"],
+        8
+    );
+
+    *dns.answers.lock().unwrap() = vec![Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3)];
+    until(&proxy, Duration::from_secs(5), |l| {
+        listed(l) == vec![b.addr_str(), c3.addr_str()]
+    })
+    .await;
+    let c = client();
+    let mut served = std::collections::HashSet::new();
+    for i in 0..30 {
+        served.insert(served_by(&c, &proxy, &format!("k{i}")).await);
+    }
+    assert!(
+        !served.contains("a"),
+        "a peer gone from DNS still got requests"
+    );
+    assert_eq!(served.len(), 2);
+}
