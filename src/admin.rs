@@ -85,13 +85,20 @@ fn error(status: StatusCode, message: &str) -> Response<Vec<u8>> {
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
-        if !self.authorized(session) {
+        // Scrapers rarely carry tokens: /metrics tells load, not secrets, and changes nothing.
+        let is_metrics = session.req_header().uri.path() == "/metrics";
+        if !is_metrics && !self.authorized(session) {
             return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         }
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_owned();
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         match (method, segments.as_slice()) {
+            (Method::GET, ["metrics"]) => {
+                pingora_prometheus::PrometheusHttpApp
+                    .response(session)
+                    .await
+            }
             (Method::GET, ["admin", "peers"]) => reply(StatusCode::OK, self.peers_json()),
             (Method::POST, ["admin", "peers", addr, action @ ("drain" | "undrain")]) => {
                 match self.drain(addr, *action == "drain") {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use http::HeaderName;
 use serde::Deserialize;
 
+use crate::access_log::AccessLogFormat;
 use crate::routing::{
     Balance, Fallback, KeyConfig, OutlierPolicy, PeerSpec, Policy, RingConfig,
     DEFAULT_BALANCE_FACTOR, DEFAULT_VNODES_PER_WEIGHT, UNLIMITED,
@@ -68,6 +69,9 @@ pub struct Config {
     pub health_check: HealthCheckConfig,
     #[serde(default)]
     pub outlier: OutlierConfig,
+    /// One line per request on standard output: plain, json or off.
+    #[serde(default = "default_access_log")]
+    pub access_log: AccessLogFormat,
 }
 
 /// Where the peers come from after start: the `peers` section of this file (the default), a
@@ -263,6 +267,9 @@ pub struct UpstreamConfig {
 
 fn default_listen() -> Vec<String> {
     vec!["127.0.0.1:8080".into()]
+}
+fn default_access_log() -> AccessLogFormat {
+    AccessLogFormat::Plain
 }
 fn yes() -> bool {
     true

@@ -1,9 +1,11 @@
 //! prefixlb: a load balancer for LLM inference clusters that routes each prompt to the GPU that
 //! already holds its prefix in KV cache, and overflows to the next one when that GPU is full.
 
+pub mod access_log;
 pub mod admin;
 pub mod config;
 pub mod control;
+pub mod metrics;
 pub mod proxy;
 pub mod router;
 pub mod routing;

@@ -10,6 +10,7 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
+use prefixlb::access_log::AccessLog;
 use prefixlb::admin::Admin;
 use prefixlb::config::Config;
 use prefixlb::control::source::PeerSource;
@@ -75,12 +76,16 @@ fn main() -> ExitCode {
 
     let mut proxy = pingora::proxy::http_proxy_service(
         &server.configuration,
-        PrefixLb::new(Arc::clone(&router)),
+        PrefixLb::new(Arc::clone(&router), AccessLog::new(config.access_log)),
     );
     for addr in &config.listen {
         proxy.add_tcp(addr);
     }
     server.add_service(proxy);
+    if let Err(e) = prefixlb::metrics::register(Arc::clone(&router)) {
+        eprintln!("prefixlb: metrics: {e}");
+        return ExitCode::FAILURE;
+    }
     let source = match PeerSource::from_config(&config, &cli.lb_conf) {
         Ok(s) => s,
         Err(e) => {

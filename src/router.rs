@@ -66,6 +66,9 @@ impl Router {
     /// keeps failing.
     pub fn peer_failed(&self, peer: &PeerLoad) {
         if let Some(backoff) = peer.record_failure(&self.outlier) {
+            crate::metrics::PEER_EJECTIONS
+                .with_label_values(&[peer.id()])
+                .inc();
             log::warn!(
                 "ejecting peer {} for {backoff:?}: repeated failures",
                 peer.id()

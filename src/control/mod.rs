@@ -24,6 +24,7 @@ use pingora_load_balancing::{Backend, Backends, HealthRegistry};
 use tokio::sync::Mutex;
 
 use crate::config::{ConfigError, HealthCheckConfig};
+use crate::metrics;
 use crate::router::Router;
 use source::PeerSource;
 
@@ -92,7 +93,10 @@ impl ControlPlane {
     /// list leaves the current one in place. Returns whether the peers changed.
     pub async fn reload(&self, force: bool) -> Result<bool, ConfigError> {
         let mut source = self.source.lock().await;
-        let Some(mut specs) = source.load(force).await? else {
+        let loaded = source.load(force).await.inspect_err(|_| {
+            metrics::RELOADS.with_label_values(&["error"]).inc();
+        })?;
+        let Some(mut specs) = loaded else {
             return Ok(false);
         };
         specs.sort_by_key(|s| s.addr);
@@ -104,8 +108,10 @@ impl ControlPlane {
             .map(|p| p.spec())
             .collect();
         if specs == current {
+            metrics::RELOADS.with_label_values(&["unchanged"]).inc();
             return Ok(false);
         }
+        metrics::RELOADS.with_label_values(&["changed"]).inc();
         self.router.set_peers(&specs);
         self.sync_membership().await;
         log::info!("peers from {}: now {} peers", source.label(), specs.len());

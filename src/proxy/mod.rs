@@ -18,23 +18,33 @@ use pingora::prelude::*;
 use pingora::proxy::FailToProxy;
 use pingora::{Error, ErrorSource, ErrorType};
 
+use std::time::{Duration, Instant};
+
+use crate::access_log::{AccessLog, Entry};
+use crate::metrics;
 use crate::router::Router;
-use crate::routing::{Decision, PeerLoad, Rejection, Route, RoutingKey, Slot};
+use crate::routing::{Decision, PeerLoad, Rejection, Route, Routed, RoutingKey, Slot};
 use error::ApiError;
 use peek::{declared_length, peek_key};
 
 pub struct PrefixLb {
     router: Arc<Router>,
+    access_log: AccessLog,
 }
 
 impl PrefixLb {
-    pub fn new(router: Arc<Router>) -> Self {
-        Self { router }
+    pub fn new(router: Arc<Router>, access_log: AccessLog) -> Self {
+        Self { router, access_log }
     }
 }
 
-#[derive(Default)]
 pub struct RequestCtx {
+    arrived: Instant,
+    /// When the current peer was chosen; the first-byte time counts from here.
+    chosen: Option<Instant>,
+    first_byte: Option<Duration>,
+    /// The status the upstream answered with, if it answered.
+    upstream_status: Option<u16>,
     key: Option<RoutingKey>,
     /// The slot of the peer this attempt goes to. Dropping the context releases it.
     slot: Option<Slot>,
@@ -48,9 +58,39 @@ pub struct RequestCtx {
 }
 
 impl RequestCtx {
-    pub fn route(&self) -> Option<Route> {
-        self.route
+    fn new() -> Self {
+        Self {
+            arrived: Instant::now(),
+            chosen: None,
+            first_byte: None,
+            upstream_status: None,
+            key: None,
+            slot: None,
+            route: None,
+            failed: Vec::new(),
+            reinject: None,
+            error: None,
+        }
     }
+
+    fn take_slot(&mut self, routed: Routed) {
+        self.route = Some(routed.route);
+        self.slot = Some(routed.slot);
+        self.chosen = Some(Instant::now());
+    }
+
+    /// How the current peer was chosen, as the metrics and the access log name it.
+    fn route_label(&self) -> Option<&'static str> {
+        if !self.failed.is_empty() {
+            return Some("retry");
+        }
+        self.route.map(Route::as_str)
+    }
+}
+
+fn reject(ctx: &mut RequestCtx, why: Rejection) -> Box<Error> {
+    metrics::REJECTIONS.with_label_values(&[why.as_str()]).inc();
+    fail(ctx, ApiError::rejected(why))
 }
 
 fn fail(ctx: &mut RequestCtx, api: ApiError) -> Box<Error> {
@@ -65,7 +105,7 @@ impl ProxyHttp for PrefixLb {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
+        RequestCtx::new()
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
@@ -85,6 +125,7 @@ impl ProxyHttp for PrefixLb {
         {
             match peek_key(session, &router.keys, router.peek).await? {
                 Ok(peeked) => {
+                    metrics::PEEKED_BYTES.inc_by(peeked.bytes as u64);
                     ctx.reinject = peeked.reinject;
                     peeked.key
                 }
@@ -104,6 +145,9 @@ impl ProxyHttp for PrefixLb {
                 .key_without_body(&session.req_header().headers, client)
         };
         ctx.key = Some(key);
+        metrics::KEY_SOURCES
+            .with_label_values(&[key.source.as_str()])
+            .inc();
         let admitted = router
             .load()
             .waiters()
@@ -112,12 +156,15 @@ impl ProxyHttp for PrefixLb {
             })
             .await;
         match admitted {
-            Ok((routed, _waited)) => {
-                ctx.route = Some(routed.route);
-                ctx.slot = Some(routed.slot);
+            Ok((routed, waited)) => {
+                if !waited.is_zero() {
+                    metrics::QUEUE_WAIT.observe(waited.as_secs_f64());
+                }
+                ctx.take_slot(routed);
                 Ok(false)
             }
             Err(why) => {
+                metrics::REJECTIONS.with_label_values(&[why.as_str()]).inc();
                 ApiError::rejected(why).send(session).await?;
                 Ok(true)
             }
@@ -137,14 +184,9 @@ impl ProxyHttp for PrefixLb {
                 .cluster()
                 .select(&self.router.balance, hash, &ctx.failed)
             {
-                Decision::Routed(routed) => {
-                    ctx.route = Some(routed.route);
-                    ctx.slot = Some(routed.slot);
-                }
-                Decision::Saturated => {
-                    return Err(fail(ctx, ApiError::rejected(Rejection::QueueFull)))
-                }
-                Decision::NoPeer => return Err(fail(ctx, ApiError::rejected(Rejection::NoPeer))),
+                Decision::Routed(routed) => ctx.take_slot(routed),
+                Decision::Saturated => return Err(reject(ctx, Rejection::QueueFull)),
+                Decision::NoPeer => return Err(reject(ctx, Rejection::NoPeer)),
             }
         }
         let Some(slot) = ctx.slot.as_ref() else {
@@ -168,6 +210,9 @@ impl ProxyHttp for PrefixLb {
         mut e: Box<Error>,
     ) -> Box<Error> {
         if let Some(slot) = ctx.slot.take() {
+            metrics::PEER_CONNECT_FAILURES
+                .with_label_values(&[slot.peer().id()])
+                .inc();
             self.router.peer_failed(slot.peer());
             ctx.failed.push(Arc::clone(slot.peer()));
         }
@@ -204,6 +249,7 @@ impl ProxyHttp for PrefixLb {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.upstream_status = Some(upstream_response.status.as_u16());
         if let Some(slot) = &ctx.slot {
             // A 4xx is the client's problem (a prompt over the context length, say), not the
             // server's: only 5xx count against the peer.
@@ -241,8 +287,59 @@ impl ProxyHttp for PrefixLb {
         Ok(())
     }
 
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
-        ctx.slot.take();
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<Duration>> {
+        if ctx.first_byte.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
+            if let Some(chosen) = ctx.chosen {
+                let ttfb = chosen.elapsed();
+                metrics::FIRST_BYTE.observe(ttfb.as_secs_f64());
+                ctx.first_byte = Some(ttfb);
+            }
+        }
+        Ok(None)
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        // The response has ended or the client has gone: either way the slot is free now.
+        let slot = ctx.slot.take();
+        let peer = slot.as_ref().map(|s| s.peer().id().to_owned());
+        drop(slot);
+        let duration = ctx.arrived.elapsed();
+        metrics::DURATION.observe(duration.as_secs_f64());
+        let route = ctx.route_label();
+        if let (Some(peer), Some(route)) = (&peer, route) {
+            metrics::PEER_REQUESTS
+                .with_label_values(&[
+                    peer.as_str(),
+                    route,
+                    metrics::status_class(ctx.upstream_status),
+                ])
+                .inc();
+        }
+        if !self.access_log.enabled() {
+            return;
+        }
+        let header = session.req_header();
+        self.access_log.write(&Entry {
+            time: jiff::Timestamp::now().to_string(),
+            method: header.method.as_str(),
+            path: header.uri.path(),
+            status: session.response_written().map_or(0, |r| r.status.as_u16()),
+            peer: peer.as_deref(),
+            route,
+            key_source: ctx.key.map(|k| k.source.as_str()),
+            key_hash: ctx.key.and_then(|k| k.hash).map(|h| format!("{h:016x}")),
+            ttft_ms: ctx.first_byte.map(|d| d.as_millis() as u64),
+            duration_ms: duration.as_millis() as u64,
+            bytes_in: session.body_bytes_read(),
+            bytes_out: session.body_bytes_sent(),
+            error: e.map(|e| e.to_string()),
+        });
     }
 
     async fn fail_to_proxy(

@@ -62,7 +62,6 @@ pub struct PeerLoad {
     ejections: AtomicU32,
     ejected: AtomicBool,
     ejected_until_ms: AtomicU64,
-    ejections_total: AtomicU64,
     cluster: Arc<ClusterLoad>,
 }
 
@@ -109,7 +108,6 @@ impl PeerLoad {
             ejections: AtomicU32::new(0),
             ejected: AtomicBool::new(false),
             ejected_until_ms: AtomicU64::new(0),
-            ejections_total: AtomicU64::new(0),
             cluster,
         }
     }
@@ -167,10 +165,6 @@ impl PeerLoad {
         false
     }
 
-    pub fn ejections_total(&self) -> u64 {
-        self.ejections_total.load(Ordering::Relaxed)
-    }
-
     /// A request to this peer got an answer that is not a server error.
     pub fn record_success(&self) {
         self.failures.store(0, Ordering::Relaxed);
@@ -199,7 +193,6 @@ impl PeerLoad {
         let until = self.cluster.now_ms() + backoff.as_millis() as u64;
         self.ejected_until_ms.store(until, Ordering::Relaxed);
         self.ejected.store(true, Ordering::Relaxed);
-        self.ejections_total.fetch_add(1, Ordering::Relaxed);
         Some(backoff)
     }
 
@@ -317,7 +310,6 @@ mod tests {
         std::thread::sleep(Duration::from_millis(110));
         p.record_success();
         assert_eq!(p.record_failure(&policy), None, "a success ends probation");
-        assert_eq!(p.ejections_total(), 3);
     }
 
     #[test]

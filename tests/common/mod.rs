@@ -5,7 +5,7 @@
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -265,6 +265,20 @@ impl Proxy {
         self.dir.path().join("prefixlb.yaml")
     }
 
+    /// What the proxy wrote to standard output: its access log.
+    pub fn access_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stdout.log")).unwrap_or_default()
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
     }
@@ -306,7 +320,7 @@ pub async fn start_proxy(config: &str) -> Proxy {
             "RUST_LOG",
             std::env::var("PREFIXLB_TEST_LOG").unwrap_or_else(|_| "warn".into()),
         )
-        .stdout(Stdio::null())
+        .stdout(std::fs::File::create(dir.path().join("stdout.log")).unwrap())
         .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
         .spawn()
         .unwrap();

@@ -1,0 +1,126 @@
+//! One line per request on standard output (the journal, under systemd), plain or JSON. The
+//! routing key appears as its hash only: the prompt it comes from is private.
+
+use std::io::Write;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    Plain,
+    Json,
+    Off,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Entry<'a> {
+    pub time: String,
+    pub method: &'a str,
+    pub path: &'a str,
+    /// What the client got; 0 when it went away first.
+    pub status: u16,
+    pub peer: Option<&'a str>,
+    pub route: Option<&'a str>,
+    pub key_source: Option<&'a str>,
+    pub key_hash: Option<String>,
+    pub ttft_ms: Option<u64>,
+    pub duration_ms: u64,
+    pub bytes_in: usize,
+    pub bytes_out: usize,
+    pub error: Option<String>,
+}
+
+pub struct AccessLog {
+    format: AccessLogFormat,
+}
+
+impl AccessLog {
+    pub fn new(format: AccessLogFormat) -> Self {
+        Self { format }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.format != AccessLogFormat::Off
+    }
+
+    pub fn line(&self, e: &Entry<'_>) -> Option<String> {
+        match self.format {
+            AccessLogFormat::Off => None,
+            AccessLogFormat::Json => serde_json::to_string(e).ok(),
+            AccessLogFormat::Plain => {
+                let dash = |v: Option<&str>| v.unwrap_or("-").to_owned();
+                Some(format!(
+                    "{} {} {} {} peer={} route={} key={}:{} ttft_ms={} duration_ms={} bytes_in={} bytes_out={} error={}",
+                    e.time,
+                    e.method,
+                    e.path,
+                    e.status,
+                    dash(e.peer),
+                    dash(e.route),
+                    dash(e.key_source),
+                    dash(e.key_hash.as_deref()),
+                    e.ttft_ms.map_or("-".into(), |v| v.to_string()),
+                    e.duration_ms,
+                    e.bytes_in,
+                    e.bytes_out,
+                    e.error.as_deref().map_or("-".into(), |m| format!("{m:?}")),
+                ))
+            }
+        }
+    }
+
+    pub fn write(&self, e: &Entry<'_>) {
+        if let Some(line) = self.line(e) {
+            let mut out = std::io::stdout().lock();
+            // A closed stdout must not take requests down with it.
+            let _ = writeln!(out, "{line}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> Entry<'static> {
+        Entry {
+            time: "2026-12-01T10:00:00Z".into(),
+            method: "POST",
+            path: "/v1/chat/completions",
+            status: 200,
+            peer: Some("10.0.0.1:8000"),
+            route: Some("overflow"),
+            key_source: Some("chat"),
+            key_hash: Some("00ff00ff00ff00ff".into()),
+            ttft_ms: Some(42),
+            duration_ms: 1234,
+            bytes_in: 900,
+            bytes_out: 7000,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn plain_and_json_carry_the_same_fields() {
+        let plain = AccessLog::new(AccessLogFormat::Plain)
+            .line(&entry())
+            .unwrap();
+        assert_eq!(
+            plain,
+            "2026-12-01T10:00:00Z POST /v1/chat/completions 200 peer=10.0.0.1:8000 route=overflow key=chat:00ff00ff00ff00ff ttft_ms=42 duration_ms=1234 bytes_in=900 bytes_out=7000 error=-"
+        );
+        let json: serde_json::Value = serde_json::from_str(
+            &AccessLog::new(AccessLogFormat::Json)
+                .line(&entry())
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(json["route"], "overflow");
+        assert_eq!(json["ttft_ms"], 42);
+        assert_eq!(json["error"], serde_json::Value::Null);
+        assert!(AccessLog::new(AccessLogFormat::Off)
+            .line(&entry())
+            .is_none());
+    }
+}

@@ -1,0 +1,172 @@
+//! Prometheus metrics, in the default registry that pingora-prometheus serves.
+//!
+//! Per-peer gauges (in flight, bound, health, drain, ejection) are read from the live cluster
+//! at scrape time, so they cannot drift from the state the router acts on; counters and
+//! histograms are updated on the request path.
+
+use std::sync::{Arc, LazyLock};
+
+use pingora_prometheus::prometheus::core::{Collector, Desc};
+use pingora_prometheus::prometheus::proto::MetricFamily;
+use pingora_prometheus::prometheus::{
+    self, register_histogram, register_int_counter, register_int_counter_vec, register_int_gauge,
+    register_int_gauge_vec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+};
+
+use crate::router::Router;
+
+/// From 5 ms to 10 minutes: the range of a time to first token and of a long generation.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+macro_rules! metric {
+    ($name:ident: $ty:ty = $make:expr) => {
+        pub static $name: LazyLock<$ty> =
+            LazyLock::new(|| $make.expect(concat!("registering ", stringify!($name))));
+    };
+}
+
+metric!(PEER_REQUESTS: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_peer_requests_total",
+    "Requests answered by each peer, by how the peer was chosen (primary, overflow, retry, balanced) and status class (2xx..5xx, or error when no status came)",
+    &["peer", "route", "status_class"]
+));
+metric!(PEER_CONNECT_FAILURES: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_peer_connect_failures_total",
+    "Connects to each peer that failed",
+    &["peer"]
+));
+metric!(PEER_EJECTIONS: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_peer_ejections_total",
+    "Times each peer was ejected for failing",
+    &["peer"]
+));
+metric!(REJECTIONS: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_rejections_total",
+    "Requests answered 503 for want of a slot: queue_full, queue_timeout or no_peer",
+    &["reason"]
+));
+metric!(QUEUE_WAIT: Histogram = register_histogram!(
+    "prefixlb_queue_wait_seconds",
+    "Time requests waited in line for a slot (those that waited at all)",
+    LATENCY_BUCKETS.to_vec()
+));
+metric!(FIRST_BYTE: Histogram = register_histogram!(
+    "prefixlb_upstream_first_byte_seconds",
+    "From choosing a peer to the first response body byte from it: the time to first token of a streamed completion, as the load balancer sees it",
+    LATENCY_BUCKETS.to_vec()
+));
+metric!(DURATION: Histogram = register_histogram!(
+    "prefixlb_request_duration_seconds",
+    "From the request's arrival to the end of its response",
+    LATENCY_BUCKETS.to_vec()
+));
+metric!(KEY_SOURCES: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_key_source_total",
+    "Requests by the source of their routing key: session_header, chat, completions, generate, client_addr, none",
+    &["source"]
+));
+metric!(PEEKED_BYTES: IntCounter = register_int_counter!(
+    "prefixlb_body_peeked_bytes_total",
+    "Request body bytes read before choosing a peer, to find the routing key"
+));
+metric!(RELOADS: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_reloads_total",
+    "Reloads of the peer list, by result: changed, unchanged or error",
+    &["result"]
+));
+metric!(BUILD_INFO: IntGaugeVec = register_int_gauge_vec!(
+    "prefixlb_build_info",
+    "Always 1; the version label says which build is running",
+    &["version"]
+));
+metric!(QUEUE_DEPTH: IntGauge = register_int_gauge!(
+    "prefixlb_queue_depth",
+    "Requests waiting for a slot now"
+));
+
+/// Per-peer gauges, read from the router at each scrape.
+struct PeerGauges {
+    router: Arc<Router>,
+    descs: Vec<Desc>,
+}
+
+const PEER_GAUGES: [(&str, &str); 5] = [
+    ("prefixlb_peer_in_flight", "Requests in flight on each peer"),
+    (
+        "prefixlb_peer_bound",
+        "Each peer's in-flight ceiling now: min(max_in_flight, the balance bound)",
+    ),
+    (
+        "prefixlb_peer_healthy",
+        "1 while the peer passes its health checks",
+    ),
+    ("prefixlb_peer_draining", "1 while the peer is draining"),
+    (
+        "prefixlb_peer_ejected",
+        "1 while the peer is ejected for failing",
+    ),
+];
+
+impl Collector for PeerGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let cluster = self.router.cluster();
+        let vecs: Vec<IntGaugeVec> = PEER_GAUGES
+            .iter()
+            .map(|(name, help)| {
+                IntGaugeVec::new(Opts::new(*name, *help), &["peer"]).expect("valid metric")
+            })
+            .collect();
+        for p in cluster.peers() {
+            let values = [
+                i64::from(p.in_flight()),
+                i64::from(cluster.bound(&self.router.balance, p)),
+                i64::from(p.healthy()),
+                i64::from(p.draining()),
+                i64::from(p.ejected()),
+            ];
+            for (vec, value) in vecs.iter().zip(values) {
+                vec.with_label_values(&[p.id()]).set(value);
+            }
+        }
+        QUEUE_DEPTH.set(self.router.load().waiters().len() as i64);
+        vecs.iter().flat_map(|v| v.collect()).collect()
+    }
+}
+
+/// Registers the per-peer gauges and the build info; call once, at start.
+pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
+    let descs = PEER_GAUGES
+        .iter()
+        .map(|(name, help)| {
+            Desc::new(
+                name.to_string(),
+                help.to_string(),
+                vec!["peer".into()],
+                Default::default(),
+            )
+        })
+        .collect::<prometheus::Result<Vec<_>>>()?;
+    prometheus::register(Box::new(PeerGauges { router, descs }))?;
+    BUILD_INFO
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+    LazyLock::force(&QUEUE_DEPTH);
+    Ok(())
+}
+
+pub fn status_class(status: Option<u16>) -> &'static str {
+    match status {
+        Some(200..=299) => "2xx",
+        Some(300..=399) => "3xx",
+        Some(400..=499) => "4xx",
+        Some(500..=599) => "5xx",
+        Some(_) => "other",
+        None => "error",
+    }
+}

@@ -1,0 +1,259 @@
+//! What operators see: Prometheus metrics and the access log.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use prometheus_parse::{Sample, Scrape, Value};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn scrape(text: &str) -> Scrape {
+    Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("valid Prometheus text")
+}
+
+fn value(s: &Sample) -> f64 {
+    match &s.value {
+        Value::Gauge(v) | Value::Counter(v) | Value::Untyped(v) => *v,
+        Value::Histogram(h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
+        Value::Summary(_) => f64::NAN,
+    }
+}
+
+/// The samples of `metric` whose labels include every pair in `labels`.
+fn find<'a>(scrape: &'a Scrape, metric: &str, labels: &[(&str, &str)]) -> Vec<&'a Sample> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+        .collect()
+}
+
+fn one(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    let found = find(scrape, metric, labels);
+    assert_eq!(found.len(), 1, "{metric} {labels:?}: {found:?}");
+    value(found[0])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_peer_gauges_match_the_streams_the_test_holds_open() {
+    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let cfg = format!(
+        "{}routing: {{balance_factor: null}}\n",
+        peers_yaml(&[&ups[0], &ups[1]], Some(5))
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let (a, b) = (ups[0].addr_str(), ups[1].addr_str());
+    // Three streams held open on a, by session header so they all hash alike.
+    let (mut session, mut probes) = (None, 0.0);
+    for i in 0..50 {
+        probes += 1.0;
+        let r = c
+            .post(proxy.url(CHAT))
+            .header("x-session-id", format!("s{i}"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        if r.headers()["x-upstream"] == "a" {
+            session = Some(format!("s{i}"));
+            break;
+        }
+    }
+    let session = session.expect("a session on a");
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let r = c
+            .post(proxy.url(CHAT))
+            .header("x-session-id", &session)
+            .header("x-mock-events", "20")
+            .header("x-mock-interval-ms", "50")
+            .body(chat("s", "q", 1, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["x-upstream"], "a");
+        open.push(r);
+    }
+    let m = scrape(&proxy.metrics().await);
+    assert_eq!(one(&m, "prefixlb_peer_in_flight", &[("peer", &a)]), 3.0);
+    assert_eq!(one(&m, "prefixlb_peer_in_flight", &[("peer", &b)]), 0.0);
+    assert_eq!(one(&m, "prefixlb_peer_bound", &[("peer", &a)]), 5.0);
+    assert_eq!(one(&m, "prefixlb_peer_healthy", &[("peer", &a)]), 1.0);
+    assert_eq!(one(&m, "prefixlb_peer_draining", &[("peer", &a)]), 0.0);
+    assert_eq!(
+        one(
+            &m,
+            "prefixlb_key_source_total",
+            &[("source", "session_header")]
+        ),
+        probes + 3.0
+    );
+    assert_eq!(
+        one(
+            &m,
+            "prefixlb_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
+
+    drop(open);
+    proxy.wait_idle(Duration::from_secs(5)).await;
+    c.post(format!("http://{}/admin/peers/{a}/drain", proxy.admin))
+        .send()
+        .await
+        .unwrap();
+    let m = scrape(&proxy.metrics().await);
+    assert_eq!(one(&m, "prefixlb_peer_in_flight", &[("peer", &a)]), 0.0);
+    assert_eq!(one(&m, "prefixlb_peer_draining", &[("peer", &a)]), 1.0);
+    // Requests by peer, route and status class: the three streams and the probes on a.
+    let on_a: f64 = find(
+        &m,
+        "prefixlb_peer_requests_total",
+        &[("peer", &a), ("status_class", "2xx")],
+    )
+    .iter()
+    .map(|s| value(s))
+    .sum();
+    let probes_on_a = ups[0].seen().len() as f64;
+    assert_eq!(on_a, probes_on_a);
+    assert!(
+        one(
+            &m,
+            "prefixlb_peer_requests_total",
+            &[("peer", &a), ("route", "primary"), ("status_class", "2xx")]
+        ) >= 3.0
+    );
+    // Histograms are there with LLM-sized buckets, up to minutes.
+    let duration = find(&m, "prefixlb_request_duration_seconds", &[]);
+    assert!(!duration.is_empty());
+    match &duration[0].value {
+        Value::Histogram(h) => assert!(h.iter().any(|b| b.less_than == 600.0)),
+        v => panic!("not a histogram: {v:?}"),
+    }
+    assert!(!find(&m, "prefixlb_upstream_first_byte_seconds", &[]).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_failures_and_reloads_are_counted() {
+    let up = start_upstream("a").await;
+    let dead = format!("127.0.0.1:{}", free_port());
+    let cfg = format!(
+        "peers:\n  - {{addr: \"{}\", max_in_flight: 1}}\n  - {{addr: \"{dead}\", max_in_flight: 1}}\nrouting: {{balance_factor: null}}\nqueue: {{max_waiting: 0}}\nhealth_check: {{enabled: false}}\n",
+        up.addr
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let hold = c
+        .post(proxy.url(CHAT))
+        .header("x-mock-events", "20")
+        .header("x-mock-interval-ms", "50")
+        .body(chat("s", "holder", 1, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hold.status(), 200);
+    // The live peer is full and the dead one refuses connects: 503 from the retry.
+    let r = c
+        .post(proxy.url(CHAT))
+        .body(chat("s", "other", 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let m = scrape(&proxy.metrics().await);
+    let rejected: f64 = find(&m, "prefixlb_rejections_total", &[])
+        .iter()
+        .map(|s| value(s))
+        .sum();
+    assert!(rejected >= 1.0);
+    assert!(
+        one(
+            &m,
+            "prefixlb_peer_connect_failures_total",
+            &[("peer", &dead)]
+        ) >= 1.0
+    );
+    drop(hold);
+    // A broken config file is a reload error.
+    let path = proxy.config_path();
+    std::fs::write(
+        &path,
+        format!(
+            "{}\nbogus_key: 1\n",
+            std::fs::read_to_string(&path).unwrap()
+        ),
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let m = scrape(&proxy.metrics().await);
+        if find(&m, "prefixlb_reloads_total", &[("result", "error")])
+            .first()
+            .is_some_and(|s| value(s) >= 1.0)
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no reload error counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_has_a_line_per_request_and_no_prompt_text() {
+    let up = start_upstream("a").await;
+    let cfg = format!("{}access_log: json\n", peers_yaml(&[&up], None));
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let secret = "patient Jane Doe, date of birth 1970-01-01";
+    for _ in 0..3 {
+        let r = c
+            .post(proxy.url(CHAT))
+            .body(chat("sys", secret, 1, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    let r = c.get(proxy.url("/v1/models")).send().await.unwrap();
+    r.bytes().await.unwrap();
+    let start = std::time::Instant::now();
+    let lines = loop {
+        let log = proxy.access_log();
+        let lines: Vec<serde_json::Value> = log
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        if lines.len() >= 4 || start.elapsed() > Duration::from_secs(5) {
+            assert!(
+                !log.contains("Jane"),
+                "the prompt leaked into the access log"
+            );
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(lines.len(), 4);
+    let chat_line = &lines[0];
+    assert_eq!(chat_line["method"], "POST");
+    assert_eq!(chat_line["path"], CHAT);
+    assert_eq!(chat_line["status"], 200);
+    assert_eq!(chat_line["peer"], up.addr_str());
+    assert_eq!(chat_line["route"], "primary");
+    assert_eq!(chat_line["key_source"], "chat");
+    assert_eq!(chat_line["key_hash"].as_str().unwrap().len(), 16);
+    assert!(chat_line["bytes_in"].as_u64().unwrap() > 50);
+    assert!(chat_line["bytes_out"].as_u64().unwrap() > 10);
+    assert!(chat_line["ttft_ms"].is_u64() && chat_line["duration_ms"].is_u64());
+    assert!(chat_line["time"].as_str().unwrap().ends_with('Z'));
+    // Same conversation, same key.
+    assert_eq!(lines[1]["key_hash"], chat_line["key_hash"]);
+    assert_eq!(lines[3]["key_source"], "client_addr");
+}
