@@ -74,7 +74,7 @@ fn main() -> ExitCode {
     // With -t, Pingora exits here once its own configuration has loaded.
     server.bootstrap();
 
-    let mut proxy = pingora::proxy::http_proxy_service(
+    let mut proxy = prefixlb::proxy::service::proxy_service(
         &server.configuration,
         PrefixLb::new(Arc::clone(&router), AccessLog::new(config.access_log)),
     );

@@ -9,6 +9,7 @@
 
 pub mod error;
 pub mod peek;
+pub mod service;
 
 use std::sync::Arc;
 
