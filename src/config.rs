@@ -14,7 +14,7 @@ use serde::Deserialize;
 use crate::access_log::AccessLogFormat;
 use crate::routing::{
     Balance, Fallback, KeyConfig, OutlierPolicy, PeerSpec, Policy, RingConfig,
-    DEFAULT_BALANCE_FACTOR, DEFAULT_VNODES_PER_WEIGHT, UNLIMITED,
+    DEFAULT_BALANCE_FACTOR, DEFAULT_VNODES_PER_WEIGHT, MAX_WEIGHT, UNLIMITED,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -440,8 +440,11 @@ pub fn resolve_peers(peers: &[PeerConfig]) -> Result<Vec<PeerSpec>, ConfigError>
             .ok_or_else(|| {
                 ConfigError::new(field("addr"), format!("`{}` resolves to nothing", p.addr))
             })?;
-        if p.weight == 0 {
-            return Err(ConfigError::new(field("weight"), "must be at least 1"));
+        if !(1..=MAX_WEIGHT).contains(&p.weight) {
+            return Err(ConfigError::new(
+                field("weight"),
+                format!("must be from 1 to {MAX_WEIGHT}"),
+            ));
         }
         if p.max_in_flight == Some(0) {
             return Err(ConfigError::new(
@@ -590,10 +593,14 @@ impl Config {
                     "is needed with A/AAAA records (SRV records carry their own)",
                 ));
             }
-            if dns.interval_ms == 0 || dns.weight == 0 || dns.max_in_flight == Some(0) {
+            if dns.interval_ms == 0
+                || dns.weight == 0
+                || dns.weight > MAX_WEIGHT
+                || dns.max_in_flight == Some(0)
+            {
                 return Err(ConfigError::new(
                     "discovery.dns",
-                    "interval_ms, weight and max_in_flight must be at least 1",
+                    format!("interval_ms and max_in_flight must be at least 1, weight from 1 to {MAX_WEIGHT}"),
                 ));
             }
         }

@@ -200,6 +200,118 @@ async fn request_bodies_reach_the_upstream_byte_for_byte() {
     );
 }
 
+/// A chat turn with `model` last (as openai-python sends it) and `exchanges` earlier turns of
+/// about 1.5 KiB each.
+fn model_last_turn(conversation: &str, exchanges: usize) -> String {
+    let mut messages = vec![
+        serde_json::json!({"role": "system", "content": "You are a careful assistant."}),
+        serde_json::json!({"role": "user", "content": conversation}),
+    ];
+    for t in 0..exchanges {
+        messages.push(
+            serde_json::json!({"role": "assistant", "content": format!("answer {t} ").repeat(150)}),
+        );
+        messages.push(serde_json::json!({"role": "user", "content": format!("question {t}")}));
+    }
+    format!(
+        r#"{{"messages":{},"stream":false,"model":"m"}}"#,
+        serde_json::Value::from(messages)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_turns_past_the_peek_limit_stay_with_their_conversation() {
+    let ups = [
+        start_upstream("a").await,
+        start_upstream("b").await,
+        start_upstream("c").await,
+    ];
+    let proxy = start_proxy(&peers_yaml(&[&ups[0], &ups[1], &ups[2]], None)).await;
+    let c = client();
+    let mut homes = HashSet::new();
+    for conv in 0..9 {
+        let name = format!("conversation {conv} opens");
+        let first = model_last_turn(&name, 0);
+        let long = model_last_turn(&name, 70);
+        assert!(long.len() > 100 * 1024);
+        let mut served = HashSet::new();
+        for (body, framing) in [
+            (first.clone(), Framing::Length),
+            (long.clone(), Framing::Length),
+            (long.clone(), Framing::Chunked(4093)),
+            (long, Framing::Chunked(65536)),
+        ] {
+            let want = sha256_hex(body.as_bytes());
+            let r = c
+                .post(proxy.url(CHAT))
+                .body(framed(body.into_bytes(), &framing))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let echo: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(echo["sha256"], want.as_str());
+            served.insert(echo["upstream"].as_str().unwrap().to_owned());
+        }
+        assert_eq!(
+            served.len(),
+            1,
+            "conversation {conv} moved between turns: {served:?}"
+        );
+        homes.extend(served);
+    }
+    assert!(homes.len() >= 2, "all conversations on {homes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_100_continue_is_answered_before_the_body_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = start_upstream("a").await;
+    let proxy = start_proxy(&peers_yaml(&[&up], None)).await;
+    let body = chat("s", "a client that waits for 100 Continue", 1, false);
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let continued = tokio::time::timeout(Duration::from_secs(3), async {
+        while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before 100 Continue");
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    assert!(
+        continued.is_ok(),
+        "no 100 Continue while the proxy waits for the body"
+    );
+    assert!(
+        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    s.write_all(body.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            response.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&response);
+            if n == 0 || text.contains("\"sha256\"") {
+                return text.into_owned();
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(read.starts_with("HTTP/1.1 200"), "{read}");
+    assert!(read.contains(&sha256_hex(body.as_bytes())), "{read}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_events_pass_through_as_they_are_emitted() {
     let up = start_upstream("a").await;
@@ -481,7 +593,7 @@ async fn a_dead_peer_is_skipped_by_retrying_the_next_one() {
     // An address nobody listens on: connects are refused.
     let dead = format!("127.0.0.1:{}", free_port());
     let cfg = format!(
-        "peers:\n  - addr: \"{dead}\"\n  - addr: \"{}\"\nupstream: {{connect_retries: 1}}\n",
+        "peers:\n  - addr: \"{dead}\"\n  - addr: \"{}\"\nupstream: {{connect_retries: 1}}\nrouting: {{peek_limit_bytes: 150000}}\nhealth_check: {{enabled: false}}\noutlier: {{consecutive_failures: 0}}\n",
         live.addr
     );
     let proxy = start_proxy(&cfg).await;

@@ -69,10 +69,46 @@ fn chat_key_reads_text_parts_and_developer_messages() {
 }
 
 #[test]
-fn model_after_messages_still_counts() {
-    let first = r#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],"model":"m1"}"#;
-    let second = first.replace("m1", "m2");
-    assert_ne!(full_key(CHAT, first), full_key(CHAT, &second));
+fn model_counts_only_before_the_prompt() {
+    let first = r#"{"model":"m1","messages":[{"role":"user","content":"q"}]}"#;
+    assert_ne!(
+        full_key(CHAT, first),
+        full_key(CHAT, &first.replace("m1", "m2"))
+    );
+    // After the messages (as openai-python and sorted-key encoders send it) it is not read:
+    // a long turn cut at the peek limit never reaches it, and must key like a short one.
+    let last = r#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],"model":"m1"}"#;
+    assert_eq!(
+        full_key(CHAT, last),
+        full_key(CHAT, &last.replace("m1", "m2"))
+    );
+}
+
+#[test]
+fn a_long_turn_cut_at_the_peek_limit_keys_like_its_first_turn() {
+    // Model last, as openai-python sends it; the cut falls deep in the history.
+    let system = "Follow the clinic's triage protocol. ".repeat(50);
+    let turn = |n: usize| {
+        let mut messages = vec![
+            serde_json::json!({"role": "system", "content": system}),
+            serde_json::json!({"role": "user", "content": "first question"}),
+        ];
+        for t in 0..n {
+            messages.push(serde_json::json!({"role": "assistant", "content": format!("answer {t} ").repeat(400)}));
+            messages.push(serde_json::json!({"role": "user", "content": format!("question {t}")}));
+        }
+        format!(
+            r#"{{"messages":{},"stream":true,"model":"m"}}"#,
+            serde_json::Value::from(messages)
+        )
+    };
+    let first = full_key(CHAT, &turn(0));
+    let long = turn(40);
+    assert!(long.len() > 64 * 1024);
+    assert_eq!(
+        key_of(CHAT, &long.as_bytes()[..64 * 1024], BodyEnd::Limit),
+        Extract::Key(first)
+    );
 }
 
 #[test]

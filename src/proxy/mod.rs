@@ -26,7 +26,7 @@ use crate::metrics;
 use crate::router::Router;
 use crate::routing::{Decision, PeerLoad, Rejection, Route, Routed, RoutingKey, Slot};
 use error::ApiError;
-use peek::{declared_length, peek_key};
+use peek::{declared_length, expects_continue, peek_key};
 
 pub struct PrefixLb {
     router: Arc<Router>,
@@ -52,8 +52,12 @@ pub struct RequestCtx {
     route: Option<Route>,
     /// Peers whose connect failed for this request; a retry skips them.
     failed: Vec<Arc<PeerLoad>>,
-    /// Peeked bytes that Pingora will not replay: sent ahead of the first body chunk.
-    reinject: Option<Bytes>,
+    /// Peeked bytes that Pingora will not replay: sent ahead of the first body chunk of every
+    /// attempt.
+    unreplayed: Option<Bytes>,
+    unreplayed_due: bool,
+    /// The client asked for 100 Continue and got it from here: the upstream must not be asked.
+    continued: bool,
     /// The error to answer with, when a hook failed on purpose.
     error: Option<ApiError>,
 }
@@ -69,7 +73,9 @@ impl RequestCtx {
             slot: None,
             route: None,
             failed: Vec::new(),
-            reinject: None,
+            unreplayed: None,
+            unreplayed_due: false,
+            continued: false,
             error: None,
         }
     }
@@ -127,7 +133,8 @@ impl ProxyHttp for PrefixLb {
             match peek_key(session, &router.keys, router.peek).await? {
                 Ok(peeked) => {
                     metrics::PEEKED_BYTES.inc_by(peeked.bytes as u64);
-                    ctx.reinject = peeked.reinject;
+                    ctx.unreplayed = peeked.unreplayed;
+                    ctx.continued = expects_continue(session);
                     peeked.key
                 }
                 Err(api) => {
@@ -186,13 +193,15 @@ impl ProxyHttp for PrefixLb {
                 .select(&self.router.balance, hash, &ctx.failed)
             {
                 Decision::Routed(routed) => ctx.take_slot(routed),
-                Decision::Saturated => return Err(reject(ctx, Rejection::QueueFull)),
+                Decision::Saturated => return Err(reject(ctx, Rejection::RetrySaturated)),
                 Decision::NoPeer => return Err(reject(ctx, Rejection::NoPeer)),
             }
         }
         let Some(slot) = ctx.slot.as_ref() else {
             return Err(fail(ctx, ApiError::from_status(500)));
         };
+        // Each attempt's body starts again from the replayed bytes: put ours in front of them.
+        ctx.unreplayed_due = ctx.unreplayed.is_some();
         let up = &self.router.upstream;
         let mut peer = HttpPeer::new(slot.peer().addr(), false, String::new());
         peer.options.connection_timeout = Some(up.connect_timeout());
@@ -244,6 +253,18 @@ impl ProxyHttp for PrefixLb {
         e
     }
 
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if ctx.continued {
+            upstream_request.remove_header(&http::header::EXPECT);
+        }
+        Ok(())
+    }
+
     async fn upstream_response_filter(
         &self,
         _session: &mut Session,
@@ -270,7 +291,8 @@ impl ProxyHttp for PrefixLb {
         _end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let Some(front) = ctx.reinject.take() {
+        if let Some(front) = ctx.unreplayed_due.then(|| ctx.unreplayed.clone()).flatten() {
+            ctx.unreplayed_due = false;
             *body = Some(match body.take() {
                 Some(rest) if !rest.is_empty() => {
                     let mut joined = BytesMut::with_capacity(front.len() + rest.len());
@@ -386,6 +408,7 @@ fn status_for(e: &Error) -> u16 {
             ErrorSource::Upstream => 502,
             ErrorSource::Downstream => match e.etype() {
                 ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                ErrorType::ReadTimedout => 408,
                 _ => 400,
             },
             ErrorSource::Internal | ErrorSource::Unset => 500,

@@ -1,33 +1,36 @@
-//! Reading just enough of a request body to find its routing key, without losing a byte of it.
+//! Reading just enough of a request body to find its routing key, without losing a byte of it,
+//! and with a key that depends only on the body's bytes, never on how they arrived.
 //!
-//! Pingora forwards the bytes a filter already read only from its retry buffer, which holds
-//! 64 KiB: once more was read it is dropped, and a body read to its end before forwarding starts
-//! would reach the upstream as headers alone. So the peek keeps its own copy, and
-//! - a body that fits the retry buffer is replayed by Pingora itself;
-//! - a longer `Content-Length` body is never read to its end here (the peek stops while more
-//!   than one read remains), so forwarding reads on and `request_body_filter` puts the copy back
-//!   in front of the first chunk it sees;
-//! - a chunked body, whose end cannot be foreseen, is peeked only while the next read, judged by
-//!   the last one, still fits the retry buffer.
+//! The key is read from at most the first `peek_limit` bytes: a key complete before that is
+//! complete; past it the key is what those bytes hold, cut at exactly that offset.
+//!
+//! Pingora forwards bytes a filter already read only from its retry buffer, which holds 64
+//! KiB from the moment it is enabled and drops everything once more arrives; and a body read
+//! to its end before forwarding, of which Pingora holds nothing, would go upstream as headers
+//! alone. So for a `Content-Length` body the retry buffer is enabled only once at most 64 KiB
+//! remain: whatever is read from then on, up to the end, it holds. The bytes read before that
+//! are kept here and sent ahead of the first chunk Pingora forwards. A chunked body, whose end
+//! cannot be foreseen, is buffered from the start and read only while the next read, judged by
+//! the last one, still fits.
 
 use bytes::{Bytes, BytesMut};
+use http::header::{CONTENT_LENGTH, EXPECT};
 use pingora::proxy::Session;
 
 use super::error::ApiError;
-use crate::routing::{BodyEnd, Extract, KeyExtractor, RequestParts, RoutingKey};
+use crate::routing::{BodyEnd, Extract, FallbackReason, KeyExtractor, RequestParts, RoutingKey};
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT`, private to pingora-core).
 pub const REPLAY_BUFFER: usize = 64 * 1024;
-/// The most one body read returns (Pingora's `BODY_BUFFER_SIZE`).
-const MAX_READ: usize = 64 * 1024;
 
 #[derive(Debug)]
 pub struct Peeked {
     pub key: RoutingKey,
     /// Body bytes read to find the key.
     pub bytes: usize,
-    /// The bytes read, when Pingora will not replay them: forwarding must send them first.
-    pub reinject: Option<Bytes>,
+    /// The leading bytes read that Pingora's retry buffer does not hold: forwarding must send
+    /// them first, on every attempt.
+    pub unreplayed: Option<Bytes>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -43,23 +46,31 @@ pub async fn peek_key(
     keys: &KeyExtractor,
     limits: PeekLimits,
 ) -> pingora::Result<Result<Peeked, ApiError>> {
-    let content_length = declared_length(session);
+    let declared = declared_length(session);
     let client = session
         .client_addr()
         .and_then(|a| a.as_inet())
         .map(|a| a.ip());
-    session.enable_retry_buffering();
+    if expects_continue(session) {
+        // The body is read before any upstream could answer 100 Continue: answer it here.
+        session
+            .write_continue_response()
+            .await
+            .map_err(|e| e.into_down())?;
+    }
+    // Bytes read before the retry buffer was enabled; all of them while it is not.
+    let mut buffered_from: Option<usize> = None;
+    if declared.is_none_or(|len| len <= REPLAY_BUFFER) {
+        session.enable_retry_buffering();
+        buffered_from = Some(0);
+    }
+    let window = limits.peek_limit;
     let mut buf = BytesMut::new();
     let (mut last_read, mut next_attempt) = (0usize, 0usize);
     let key = loop {
         let done = session.is_body_done();
-        let may_read = !done
-            && buf.len() < limits.peek_limit
-            && match content_length {
-                Some(len) if len > REPLAY_BUFFER => len.saturating_sub(buf.len()) > MAX_READ,
-                Some(_) => true,
-                None => buf.len() + 2 * last_read.max(1) <= REPLAY_BUFFER,
-            };
+        let replay_safe = declared.is_some() || buf.len() + 2 * last_read.max(1) <= REPLAY_BUFFER;
+        let may_read = !done && buf.len() < window && replay_safe;
         let end = if done {
             BodyEnd::Complete
         } else if may_read {
@@ -70,21 +81,35 @@ pub async fn peek_key(
         // Parsing again on every small chunk of a trickled body would be quadratic: wait until
         // the buffer has grown by half, unless this is the last look.
         if end != BodyEnd::More || buf.len() >= next_attempt {
+            // Stopped short of the window only to keep the body replayable: a key cut there
+            // would depend on how the bytes arrived, so an incomplete one falls back instead.
+            let short = end == BodyEnd::Limit && buf.len() < window;
             let header = session.req_header();
             let parts = RequestParts {
                 method: &header.method,
                 path: header.uri.path(),
                 headers: &header.headers,
                 client,
-                body: &buf,
-                end,
+                body: &buf[..buf.len().min(window)],
+                end: if short { BodyEnd::More } else { end },
             };
             match keys.key_for(&parts) {
                 Extract::Key(key) => break key,
+                Extract::NeedMore if short => {
+                    break keys.fallback(client, FallbackReason::PeekLimit)
+                }
                 Extract::NeedMore => next_attempt = buf.len() + (buf.len() / 2).max(1024),
             }
         }
-        if let Some(chunk) = session.read_request_body().await? {
+        if buffered_from.is_none() && declared.is_some_and(|len| len - buf.len() <= REPLAY_BUFFER) {
+            session.enable_retry_buffering();
+            buffered_from = Some(buf.len());
+        }
+        let chunk = session
+            .read_request_body()
+            .await
+            .map_err(|e| e.into_down())?;
+        if let Some(chunk) = chunk {
             last_read = chunk.len();
             buf.extend_from_slice(&chunk);
             if buf.len() > limits.max_body {
@@ -93,31 +118,40 @@ pub async fn peek_key(
         }
     };
     let bytes = buf.len();
-    if !session.retry_buffer_truncated() {
-        return Ok(Ok(Peeked {
-            key,
-            bytes,
-            reinject: None,
-        }));
-    }
-    if session.is_body_done() {
-        // Only a chunked body whose last read was far larger than the one before can get here:
-        // it is all read, Pingora holds none of it, and forwarding would send headers alone.
-        return Ok(Err(ApiError {
-            status: 411,
-            kind: "invalid_request_error",
-            code: "length_required",
-            message: "this chunked body could not be forwarded intact; send it with Content-Length"
-                .into(),
-            retry_after_secs: None,
-        }));
-    }
-    log::debug!("peeked {bytes} body bytes past the replay buffer: re-injecting them");
+    let unreplayed = if session.retry_buffer_truncated() {
+        if session.is_body_done() {
+            // Only a chunked body whose last read was far larger than the one before gets
+            // here: it is all read, Pingora holds none of it, and forwarding would send headers
+            // alone.
+            return Ok(Err(ApiError {
+                status: 411,
+                kind: "invalid_request_error",
+                code: "length_required",
+                message:
+                    "this chunked body could not be forwarded intact; send it with Content-Length"
+                        .into(),
+                retry_after_secs: None,
+            }));
+        }
+        bytes
+    } else {
+        buffered_from.unwrap_or(bytes)
+    };
+    let unreplayed = (unreplayed > 0).then(|| buf.freeze().slice(..unreplayed));
     Ok(Ok(Peeked {
         key,
         bytes,
-        reinject: Some(buf.freeze()),
+        unreplayed,
     }))
+}
+
+/// Whether the client waits for `100 Continue` before it sends the body.
+pub fn expects_continue(session: &Session) -> bool {
+    session
+        .req_header()
+        .headers
+        .get(EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
 /// The body length the client declared, if it declared one.
@@ -125,7 +159,7 @@ pub fn declared_length(session: &Session) -> Option<usize> {
     session
         .req_header()
         .headers
-        .get(http::header::CONTENT_LENGTH)?
+        .get(CONTENT_LENGTH)?
         .to_str()
         .ok()?
         .trim()

@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 
 use pingora_load_balancing::Backend;
 
-use super::ring::{Ring, RingConfig};
+use super::ring::{Ring, RingConfig, MAX_WEIGHT};
 use super::slots::{ClusterLoad, PeerLoad};
 
 /// One peer as configured or discovered.
@@ -70,6 +70,9 @@ impl Cluster {
         mut known: HashMap<String, Arc<PeerLoad>>,
     ) -> Self {
         let mut specs = specs.to_vec();
+        for s in &mut specs {
+            s.weight = s.weight.clamp(1, MAX_WEIGHT);
+        }
         specs.sort_by_key(|s| s.addr);
         specs.dedup_by_key(|s| s.addr);
         let peers: Vec<Arc<PeerLoad>> = specs

@@ -6,9 +6,12 @@
 //! jiter's pull parser walks it with partial strings allowed, stops as soon as the key is
 //! complete, and tells a cut body (ask for more bytes) from a malformed one (fall back).
 //!
-//! The chat key is `model` plus every message up to and including the first `user` message.
-//! History grows at the end, so every turn of one conversation yields the same key, while two
-//! conversations that share only a system prompt differ in their first user message.
+//! The chat key is every message up to and including the first `user` message, plus `model`
+//! when it comes before `messages`. History grows at the end, so every turn of one
+//! conversation yields the same key, while two conversations that share only a system prompt
+//! differ in their first user message. A `model` after the prompt is left out on purpose:
+//! reaching it means reading the whole history, which a long turn cut at the peek limit
+//! cannot, and a key must not change between a short turn and a long one.
 
 use std::net::IpAddr;
 
@@ -273,18 +276,16 @@ impl KeyExtractor {
         }
         let mut enc = KeyEncoder::with_capacity(body.len().min(4096) + 64);
         let scan = match kind {
-            BodyKind::Chat => scan(body, &mut enc, PromptField::Messages, true),
+            BodyKind::Chat => scan(body, &mut enc, PromptField::Messages),
             BodyKind::Completions => scan(
                 body,
                 &mut enc,
                 PromptField::Text("prompt", self.config.prefix_chars),
-                true,
             ),
             BodyKind::Generate => scan(
                 body,
                 &mut enc,
                 PromptField::Text("text", self.config.prefix_chars),
-                false,
             ),
         };
         match scan {
@@ -375,14 +376,10 @@ const ROLE: u8 = b'r';
 const CONTENT: u8 = b'c';
 const PROMPT: u8 = b'p';
 
-/// Walks the top-level object, encoding the model and the prompt part. `Ok(true)`: the key is
-/// complete; `Ok(false)`: the object ended without a prompt. A cut body is an EOF error.
-fn scan(
-    body: &[u8],
-    enc: &mut KeyEncoder,
-    prompt: PromptField,
-    wants_model: bool,
-) -> Result<bool, JiterError> {
+/// Walks the top-level object, encoding the model (when it comes first) and the prompt part.
+/// `Ok(true)`: the key is complete; `Ok(false)`: the object ended without a prompt. A cut body
+/// is an EOF error.
+fn scan(body: &[u8], enc: &mut KeyEncoder, prompt: PromptField) -> Result<bool, JiterError> {
     enum Field {
         Model,
         Prompt,
@@ -392,39 +389,7 @@ fn scan(
         PromptField::Messages => "messages",
         PromptField::Text(name, _) => name,
     };
-    let mut j = Jiter::new(body).with_allow_partial_strings();
-    let (mut have_model, mut have_prompt) = (!wants_model, false);
-    let mut key = j.next_object()?.map(|k| classify(k, prompt_name));
-    while let Some(field) = key {
-        match field {
-            Field::Model if !have_model => {
-                enc.part(MODEL, j.next_str()?.as_bytes());
-                ensure_not_cut(&j, body.len())?;
-                have_model = true;
-            }
-            Field::Prompt if !have_prompt => {
-                let stopped_early = match prompt {
-                    PromptField::Messages => scan_messages(&mut j, enc)?,
-                    PromptField::Text(_, chars) => scan_text(&mut j, enc, chars, body.len())?,
-                };
-                have_prompt = true;
-                if have_model {
-                    return Ok(true);
-                }
-                if stopped_early {
-                    skip_rest_of_array(&mut j)?;
-                }
-            }
-            _ => j.next_skip()?,
-        }
-        if have_model && have_prompt {
-            return Ok(true);
-        }
-        key = j.next_key()?.map(|k| classify(k, prompt_name));
-    }
-    return Ok(have_prompt);
-
-    fn classify(key: &str, prompt_name: &str) -> Field {
+    let classify = |key: &str| {
         if key == "model" {
             Field::Model
         } else if key == prompt_name {
@@ -432,29 +397,42 @@ fn scan(
         } else {
             Field::Other
         }
+    };
+    let mut j = Jiter::new(body).with_allow_partial_strings();
+    let mut key = j.next_object()?.map(classify);
+    while let Some(field) = key {
+        match field {
+            Field::Model => {
+                enc.part(MODEL, j.next_str()?.as_bytes());
+                ensure_not_cut(&j, body.len())?;
+            }
+            Field::Prompt => {
+                match prompt {
+                    PromptField::Messages => scan_messages(&mut j, enc)?,
+                    PromptField::Text(_, chars) => scan_text(&mut j, enc, chars, body.len())?,
+                }
+                return Ok(true);
+            }
+            Field::Other => j.next_skip()?,
+        }
+        key = j.next_key()?.map(classify);
     }
+    Ok(false)
 }
 
-fn skip_rest_of_array(j: &mut Jiter<'_>) -> Result<(), JiterError> {
-    while j.array_step()?.is_some() {
-        j.next_skip()?;
-    }
-    Ok(())
-}
-
-/// Encodes messages up to the first `user` one. True when it stopped inside the array.
-fn scan_messages(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<bool, JiterError> {
+/// Encodes messages up to the first `user` one, or all of them when none is.
+fn scan_messages(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<(), JiterError> {
     let mut next = j.next_array()?;
     while let Some(peek) = next {
         if peek != Peek::Object {
             return Err(wrong_shape(j));
         }
         if scan_message(j, enc)? {
-            return Ok(true);
+            return Ok(());
         }
         next = j.array_step()?;
     }
-    Ok(false)
+    Ok(())
 }
 
 /// Encodes one message's role and text; true when it is a `user` message.
@@ -514,22 +492,21 @@ fn scan_content(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<(), JiterErro
     Ok(())
 }
 
-/// A prompt string, or the first string of an array, cut at `chars` characters. True when it
-/// stopped inside an array.
+/// A prompt string, or the first string of an array, cut at `chars` characters.
 fn scan_text(
     j: &mut Jiter<'_>,
     enc: &mut KeyEncoder,
     chars: usize,
     len: usize,
-) -> Result<bool, JiterError> {
-    let in_array = match j.peek()? {
-        Peek::String => false,
+) -> Result<(), JiterError> {
+    match j.peek()? {
+        Peek::String => {}
         Peek::Array => match j.known_array()? {
-            Some(Peek::String) => true,
+            Some(Peek::String) => {}
             _ => return Err(wrong_shape(j)),
         },
         _ => return Err(wrong_shape(j)),
-    };
+    }
     let text = j.known_str()?;
     let (cut, long_enough) = match text.char_indices().nth(chars) {
         Some((i, _)) => (i, true),
@@ -540,5 +517,5 @@ fn scan_text(
     if !long_enough {
         ensure_not_cut(j, len)?;
     }
-    Ok(in_array)
+    Ok(())
 }

@@ -16,6 +16,6 @@ pub use key::{
     RequestParts, RoutingKey,
 };
 pub use queue::{QueueLimit, Rejection, WaitQueue};
-pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};
+pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT, MAX_WEIGHT};
 pub use select::{Balance, Decision, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR};
 pub use slots::{ClusterLoad, OutlierPolicy, PeerLoad, Slot, UNLIMITED};

@@ -29,6 +29,8 @@ pub enum Rejection {
     NoPeer,
     QueueFull,
     Timeout,
+    /// The chosen peer failed to connect and every other one is at its bound.
+    RetrySaturated,
 }
 
 impl Rejection {
@@ -37,6 +39,7 @@ impl Rejection {
             Rejection::NoPeer => "no_peer",
             Rejection::QueueFull => "queue_full",
             Rejection::Timeout => "queue_timeout",
+            Rejection::RetrySaturated => "retry_saturated",
         }
     }
 }
@@ -50,7 +53,7 @@ pub struct WaitQueue {
 impl WaitQueue {
     /// Requests waiting now.
     pub fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
+        self.len.load(Ordering::SeqCst)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -78,7 +81,7 @@ impl WaitQueue {
             return false;
         }
         q.push_back(Arc::clone(me));
-        self.len.store(q.len(), Ordering::Release);
+        self.len.store(q.len(), Ordering::SeqCst);
         true
     }
 
@@ -90,7 +93,7 @@ impl WaitQueue {
         let mut q = self.lock();
         let was_front = q.front().is_some_and(|f| Arc::ptr_eq(f, me));
         q.retain(|w| !Arc::ptr_eq(w, me));
-        self.len.store(q.len(), Ordering::Release);
+        self.len.store(q.len(), Ordering::SeqCst);
         if was_front {
             if let Some(next) = q.front() {
                 next.notify_one();

@@ -19,6 +19,10 @@ use super::hash::murmur64;
 /// of points per unit of weight.
 pub const DEFAULT_VNODES_PER_WEIGHT: u32 = 2048;
 
+/// The largest weight a peer may have: weights are relative, and this keeps the ring and the
+/// round-robin rotation small.
+pub const MAX_WEIGHT: u32 = 1000;
+
 /// The most points a ring holds, whatever the weights: past it, points per weight shrink.
 pub const MAX_POINTS: u64 = 1 << 22;
 
@@ -48,7 +52,10 @@ impl Ring {
     /// [`Ring::peers`].
     pub fn new(peers: Vec<Backend>, config: RingConfig) -> Self {
         // Weights 100 and 200 mean what 1 and 2 do; dividing by their gcd keeps the ring small.
-        let weights: Vec<u64> = peers.iter().map(|p| (p.weight as u64).max(1)).collect();
+        let weights: Vec<u64> = peers
+            .iter()
+            .map(|p| (p.weight as u64).clamp(1, u64::from(MAX_WEIGHT)))
+            .collect();
         let unit = weights.iter().copied().reduce(gcd).unwrap_or(1);
         let total: u64 = weights.iter().map(|w| w / unit).sum();
         let per_weight = u64::from(config.vnodes_per_weight.max(1))
