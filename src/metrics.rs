@@ -6,9 +6,9 @@
 
 use std::sync::{Arc, LazyLock};
 
-use pingora_prometheus::prometheus::core::{Collector, Desc};
-use pingora_prometheus::prometheus::proto::MetricFamily;
-use pingora_prometheus::prometheus::{
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{
     self, register_histogram, register_int_counter, register_int_counter_vec, register_int_gauge,
     register_int_gauge_vec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
 };

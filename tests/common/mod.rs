@@ -95,6 +95,9 @@ pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) ->
     let (seen, active) = (Arc::clone(&state.seen), Arc::clone(&state.active));
     let (healthy, health_checks) = (Arc::clone(&state.healthy), Arc::clone(&state.health_checks));
     let app = axum::Router::new().fallback(mock).with_state(state);
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });

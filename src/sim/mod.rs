@@ -1,0 +1,191 @@
+//! A stand-in for an LLM inference server (vLLM-like) whose timing makes routing quality
+//! visible the way a real GPU does: a prefix KV cache, prefill of the uncached tokens on one
+//! compute lane (so prefills queue), decode slowed by batch size, and a cap on running
+//! requests with a waiting line behind it.
+//!
+//! Defaults are those of a 7–8B model (Llama-3-8B class) in bf16 on one 80 GB GPU, rounded:
+//! - prefill ≈ 10 000 tokens/s: prefill is compute-bound, ~2 FLOPs per parameter per token,
+//!   16 TFLOP per 1000 tokens against ~300 TFLOP/s of dense bf16 at ~50% utilisation;
+//! - decode 12 ms per token alone (memory-bound: 16 GB of weights read per step at ~2 TB/s
+//!   is 8 ms, plus overhead), each further running request adding 2% (at 64 running,
+//!   ~27 ms per token: the batch shares each weight read, the KV reads grow);
+//! - 128 KiB of KV per token (32 layers × 8 KV heads × 128 × 2 × 2 bytes), so ~40 GB of
+//!   cache holds ~300 000 tokens; the default keeps 65 536 (a smaller, shared GPU, so
+//!   that eviction shows in minutes of simulated traffic);
+//! - a token is 4 characters of text (OpenAI's rule of thumb for English), blocks are 16
+//!   tokens (vLLM's default), at most 64 requests run at once (`max_num_seqs` of a busy
+//!   server).
+//!
+//! `speed` divides every duration, so a benchmark can run a minute of GPU time in seconds
+//! with the same ratios.
+
+pub mod cache;
+pub mod server;
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use cache::{block_hashes, PrefixCache};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    pub chars_per_token: usize,
+    pub block_tokens: usize,
+    pub cache_tokens: usize,
+    pub prefill_tokens_per_sec: f64,
+    pub decode_ms_per_token: f64,
+    /// Extra decode time per token for each other running request, as a fraction.
+    pub batch_slowdown: f64,
+    pub max_running: usize,
+    pub default_max_tokens: usize,
+    pub speed: f64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            chars_per_token: 4,
+            block_tokens: 16,
+            cache_tokens: 65_536,
+            prefill_tokens_per_sec: 10_000.0,
+            decode_ms_per_token: 12.0,
+            batch_slowdown: 0.02,
+            max_running: 64,
+            default_max_tokens: 64,
+            speed: 1.0,
+        }
+    }
+}
+
+impl SimConfig {
+    fn scaled(&self, secs: f64) -> Duration {
+        Duration::from_secs_f64((secs / self.speed.max(1e-9)).max(0.0))
+    }
+
+    fn block_bytes(&self) -> usize {
+        self.block_tokens * self.chars_per_token
+    }
+
+    pub fn tokens(&self, text_len: usize) -> usize {
+        text_len.div_ceil(self.chars_per_token)
+    }
+}
+
+/// Counters a vLLM server exports, for one simulated GPU.
+#[derive(Debug, Default)]
+pub struct SimStats {
+    pub running: AtomicI64,
+    pub waiting: AtomicI64,
+    /// Prompt tokens looked up in the prefix cache, and those found.
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    pub requests: AtomicU64,
+}
+
+pub struct Gpu {
+    pub config: SimConfig,
+    cache: Mutex<PrefixCache>,
+    /// One prefill at a time: prefill is compute-bound and takes the whole GPU.
+    prefill_lane: tokio::sync::Mutex<()>,
+    slots: Semaphore,
+    pub stats: SimStats,
+}
+
+/// How a request went, for tests and for the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefilled {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+impl Gpu {
+    pub fn new(config: SimConfig) -> Self {
+        let blocks = config.cache_tokens / config.block_tokens.max(1);
+        Self {
+            cache: Mutex::new(PrefixCache::new(blocks)),
+            prefill_lane: tokio::sync::Mutex::new(()),
+            slots: Semaphore::new(config.max_running.max(1)),
+            stats: SimStats::default(),
+            config,
+        }
+    }
+
+    /// Fraction of the cache in use, as vLLM's `kv_cache_usage_perc` reports it (0 to 1).
+    pub fn cache_usage(&self) -> f64 {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.capacity() == 0 {
+            return 0.0;
+        }
+        cache.len() as f64 / cache.capacity() as f64
+    }
+
+    /// Runs one request: waits for a running slot, prefills what the cache lacks on the
+    /// shared lane, then calls `token` for each of `max_tokens` output tokens at the decode
+    /// pace. `token` returns false when the client is gone, which ends the request early.
+    pub async fn run(
+        &self,
+        prompt: &str,
+        max_tokens: usize,
+        mut on_prefilled: impl FnMut(Prefilled),
+        mut token: impl FnMut(usize) -> bool,
+    ) {
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        let permit = self.slots.acquire().await;
+        self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+        let Ok(_permit) = permit else { return };
+        self.stats.running.fetch_add(1, Ordering::Relaxed);
+        let _running = Running(&self.stats.running);
+
+        let c = &self.config;
+        let prompt_tokens = c.tokens(prompt.len());
+        let hashes = block_hashes(prompt.as_bytes(), c.block_bytes());
+        {
+            let _lane = self.prefill_lane.lock().await;
+            // Looked up on the lane, so that a prefill queued behind the same prefix finds it.
+            let found = self
+                .cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .lookup(&hashes);
+            let cached_tokens = (found.hit_blocks * c.block_tokens).min(prompt_tokens);
+            self.stats
+                .prefix_queries
+                .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+            self.stats
+                .prefix_hits
+                .fetch_add(cached_tokens as u64, Ordering::Relaxed);
+            let uncached = prompt_tokens - cached_tokens;
+            if uncached > 0 {
+                tokio::time::sleep(c.scaled(uncached as f64 / c.prefill_tokens_per_sec)).await;
+            }
+            self.cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(&hashes);
+            on_prefilled(Prefilled {
+                prompt_tokens,
+                cached_tokens,
+            });
+        }
+        for i in 0..max_tokens {
+            if !token(i) {
+                return;
+            }
+            let others = (self.stats.running.load(Ordering::Relaxed) - 1).max(0) as f64;
+            let ms = c.decode_ms_per_token * (1.0 + c.batch_slowdown * others);
+            tokio::time::sleep(c.scaled(ms / 1000.0)).await;
+        }
+    }
+}
+
+struct Running<'a>(&'a AtomicI64);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

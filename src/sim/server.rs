@@ -1,0 +1,278 @@
+//! The OpenAI-compatible HTTP face of one simulated GPU, with vLLM's metric names.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use prometheus::{Encoder, Gauge, IntCounter, IntGauge, Registry, TextEncoder};
+use serde_json::{json, Value};
+
+use super::{Gpu, Prefilled};
+
+struct Served {
+    gpu: Arc<Gpu>,
+    name: String,
+    model: String,
+    metrics: Metrics,
+}
+
+struct Metrics {
+    registry: Registry,
+    running: IntGauge,
+    waiting: IntGauge,
+    cache_usage: Gauge,
+    queries: IntCounter,
+    hits: IntCounter,
+    requests: IntCounter,
+}
+
+impl Metrics {
+    fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let m = Self {
+            running: IntGauge::new("vllm:num_requests_running", "Requests running on the GPU")?,
+            waiting: IntGauge::new("vllm:num_requests_waiting", "Requests waiting to run")?,
+            cache_usage: Gauge::new(
+                "vllm:kv_cache_usage_perc",
+                "Fraction of the KV cache in use (0 to 1)",
+            )?,
+            queries: IntCounter::new(
+                "vllm:prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache",
+            )?,
+            hits: IntCounter::new(
+                "vllm:prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache",
+            )?,
+            requests: IntCounter::new("vllm:request_success_total", "Requests started")?,
+            registry,
+        };
+        m.registry.register(Box::new(m.running.clone()))?;
+        m.registry.register(Box::new(m.waiting.clone()))?;
+        m.registry.register(Box::new(m.cache_usage.clone()))?;
+        m.registry.register(Box::new(m.queries.clone()))?;
+        m.registry.register(Box::new(m.hits.clone()))?;
+        m.registry.register(Box::new(m.requests.clone()))?;
+        Ok(m)
+    }
+}
+
+/// The HTTP routes of one GPU named `name` (its address, say), serving `model`.
+pub fn router(gpu: Arc<Gpu>, name: String, model: String) -> prometheus::Result<Router> {
+    let served = Arc::new(Served {
+        gpu,
+        name,
+        model,
+        metrics: Metrics::new()?,
+    });
+    Ok(Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
+        .with_state(served))
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    let body =
+        json!({"error": {"message": message, "type": "invalid_request_error", "code": null}});
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// The text a chat template would give the model: each message's role and text, in order.
+fn chat_prompt(body: &Value) -> Option<String> {
+    let mut prompt = String::new();
+    for m in body.get("messages")?.as_array()? {
+        prompt.push_str(m.get("role").and_then(Value::as_str).unwrap_or("user"));
+        prompt.push_str(": ");
+        match m.get("content") {
+            Some(Value::String(s)) => prompt.push_str(s),
+            Some(Value::Array(parts)) => {
+                for p in parts {
+                    if let Some(t) = p.get("text").and_then(Value::as_str) {
+                        prompt.push_str(t);
+                    }
+                }
+            }
+            _ => {}
+        }
+        prompt.push('\n');
+    }
+    Some(prompt)
+}
+
+fn max_tokens(body: &Value, default: usize) -> usize {
+    body.get("max_completion_tokens")
+        .or_else(|| body.get("max_tokens"))
+        .and_then(Value::as_u64)
+        .map_or(default, |n| n as usize)
+}
+
+async fn chat(State(s): State<Arc<Served>>, body: Bytes) -> Response {
+    let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "the body is not JSON");
+    };
+    let Some(prompt) = chat_prompt(&body) else {
+        return error(StatusCode::BAD_REQUEST, "messages must be an array");
+    };
+    generate(s, prompt, &body, true).await
+}
+
+async fn completions(State(s): State<Arc<Served>>, body: Bytes) -> Response {
+    let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "the body is not JSON");
+    };
+    let prompt = match body.get("prompt") {
+        Some(Value::String(p)) => p.clone(),
+        Some(Value::Array(a)) => a
+            .first()
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        _ => return error(StatusCode::BAD_REQUEST, "prompt must be a string"),
+    };
+    generate(s, prompt, &body, false).await
+}
+
+fn token_text(i: usize) -> String {
+    format!("tok{i} ")
+}
+
+fn chunk(model: &str, chat: bool, text: &str, finish: Option<&str>) -> String {
+    let choice = if chat {
+        json!({"index": 0, "delta": {"content": text}, "finish_reason": finish})
+    } else {
+        json!({"index": 0, "text": text, "finish_reason": finish})
+    };
+    let object = if chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    format!(
+        "data: {}\n\n",
+        json!({"id": "sim", "object": object, "model": model, "choices": [choice]})
+    )
+}
+
+async fn generate(s: Arc<Served>, prompt: String, body: &Value, chat: bool) -> Response {
+    let n = max_tokens(body, s.gpu.config.default_max_tokens);
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    if stream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let served = Arc::clone(&s);
+        tokio::spawn(async move {
+            let model = served.model.clone();
+            served
+                .gpu
+                .run(
+                    &prompt,
+                    n,
+                    |_| {},
+                    |i| tx.send(chunk(&model, chat, &token_text(i), None)).is_ok(),
+                )
+                .await;
+            let _ = tx.send(chunk(&model, chat, "", Some("length")));
+            let _ = tx.send("data: [DONE]\n\n".to_owned());
+        });
+        let body = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|line| (Ok::<_, Infallible>(line), rx))
+        });
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .header(header::CACHE_CONTROL, "no-cache")
+            .header("x-upstream", &s.name)
+            .body(Body::from_stream(body))
+            .unwrap_or_default();
+    }
+    let mut text = String::new();
+    let mut done = Prefilled {
+        prompt_tokens: 0,
+        cached_tokens: 0,
+    };
+    s.gpu
+        .run(
+            &prompt,
+            n,
+            |p| done = p,
+            |i| {
+                text.push_str(&token_text(i));
+                true
+            },
+        )
+        .await;
+    let message = if chat {
+        json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
+    } else {
+        json!({"index": 0, "text": text, "finish_reason": "length"})
+    };
+    let body = json!({
+        "id": "sim",
+        "object": if chat { "chat.completion" } else { "text_completion" },
+        "model": s.model,
+        "choices": [message],
+        "usage": {
+            "prompt_tokens": done.prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": done.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+        },
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (
+                header::HeaderName::from_static("x-upstream"),
+                s.name.as_str(),
+            ),
+        ],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn models(State(s): State<Arc<Served>>) -> Response {
+    let body = json!({"object": "list", "data": [{"id": s.model, "object": "model", "owned_by": "gpu-sim"}]});
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn metrics(State(s): State<Arc<Served>>) -> Response {
+    let (g, m) = (&s.gpu, &s.metrics);
+    m.running.set(g.stats.running.load(Ordering::Relaxed));
+    m.waiting.set(g.stats.waiting.load(Ordering::Relaxed));
+    m.cache_usage.set(g.cache_usage());
+    // Counters only go up: bring each to the engine's running total.
+    for (counter, total) in [
+        (&m.queries, g.stats.prefix_queries.load(Ordering::Relaxed)),
+        (&m.hits, g.stats.prefix_hits.load(Ordering::Relaxed)),
+        (&m.requests, g.stats.requests.load(Ordering::Relaxed)),
+    ] {
+        counter.inc_by(total.saturating_sub(counter.get()));
+    }
+    let mut out = Vec::new();
+    let encoder = TextEncoder::new();
+    if encoder.encode(&m.registry.gather(), &mut out).is_err() {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed");
+    }
+    (
+        [(header::CONTENT_TYPE, encoder.format_type().to_owned())],
+        out,
+    )
+        .into_response()
+}
