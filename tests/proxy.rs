@@ -487,24 +487,33 @@ async fn saturation_waits_in_line_then_answers_503() {
             .send()
     };
 
-    // A short holder: the waiter gets the slot once it ends.
-    let holder = hold(4).await.unwrap();
-    let waiter = tokio::spawn({
+    // Sends a chat request in the background; yields its status, Retry-After, wait and body.
+    let waiter = |conversation: &'static str| {
         let (c, url) = (c.clone(), proxy.url(CHAT));
-        async move {
+        tokio::spawn(async move {
             let start = Instant::now();
             let r = c
                 .post(url)
-                .body(chat("s", "waiter", 1, false))
+                .body(chat("s", conversation, 1, false))
                 .send()
                 .await
                 .unwrap();
-            (r.status(), start.elapsed())
-        }
-    });
+            let retry_after = r.headers().get("retry-after").cloned();
+            (
+                r.status(),
+                retry_after,
+                start.elapsed(),
+                r.text().await.unwrap(),
+            )
+        })
+    };
+
+    // A short holder: the waiter gets the slot once it ends.
+    let holder = hold(4).await.unwrap();
+    let served = waiter("waiter");
     tokio::time::sleep(Duration::from_millis(50)).await;
     let _ = holder.bytes().await.unwrap();
-    let (status, waited) = waiter.await.unwrap();
+    let (status, _, waited, _) = served.await.unwrap();
     assert_eq!(status, 200);
     assert!(
         waited >= Duration::from_millis(100),
@@ -513,34 +522,12 @@ async fn saturation_waits_in_line_then_answers_503() {
 
     // A long holder: one waiter times out, the one behind it finds the line full.
     let holder = hold(40).await.unwrap();
-    let timed_out = tokio::spawn({
-        let (c, url) = (c.clone(), proxy.url(CHAT));
-        async move {
-            let start = Instant::now();
-            let r = c
-                .post(url)
-                .body(chat("s", "w1", 1, false))
-                .send()
-                .await
-                .unwrap();
-            (
-                r.status(),
-                r.headers().get("retry-after").cloned(),
-                start.elapsed(),
-                r.text().await.unwrap(),
-            )
-        }
-    });
+    let timed_out = waiter("w1");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let full = c
-        .post(proxy.url(CHAT))
-        .body(chat("s", "w2", 1, false))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(full.status(), 503);
-    assert!(full.headers().contains_key("retry-after"));
-    let err: serde_json::Value = full.json().await.unwrap();
+    let (status, retry_after, _, body) = waiter("w2").await.unwrap();
+    assert_eq!(status, 503);
+    assert!(retry_after.is_some());
+    let err: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(err["error"]["code"], "cluster_saturated");
     assert_eq!(err["error"]["type"], "server_error");
     assert!(err["error"]["message"].is_string());
