@@ -50,10 +50,7 @@ async fn conversations_stick_to_one_upstream_across_turns() {
         homes.extend(seen);
     }
     assert!(homes.len() >= 2, "24 conversations all landed on {homes:?}");
-    assert_eq!(
-        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
-        0
-    );
+    proxy.assert_idle().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,10 +191,7 @@ async fn request_bodies_reach_the_upstream_byte_for_byte() {
             );
         }
     }
-    assert_eq!(
-        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
-        0
-    );
+    proxy.assert_idle().await;
 }
 
 /// A chat turn with `model` last (as openai-python sends it) and `exchanges` earlier turns of
@@ -539,10 +533,7 @@ async fn saturation_waits_in_line_then_answers_503() {
     let err: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(err["error"]["code"], "queue_timeout");
     drop(holder);
-    assert_eq!(
-        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
-        0
-    );
+    proxy.assert_idle().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -600,10 +591,7 @@ async fn a_dead_peer_is_skipped_by_retrying_the_next_one() {
         40,
         "every request reached the live peer exactly once"
     );
-    assert_eq!(
-        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
-        0
-    );
+    proxy.assert_idle().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -622,10 +610,7 @@ async fn retries_stop_at_the_configured_count() {
     assert_eq!(r.status(), 502);
     let err: serde_json::Value = r.json().await.unwrap();
     assert_eq!(err["error"]["code"], "upstream_error");
-    assert_eq!(
-        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
-        0
-    );
+    proxy.assert_idle().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -662,10 +647,7 @@ async fn oversized_bodies_get_413() {
         .await
         .unwrap();
     assert_eq!(ok.status(), 200);
-    assert_eq!(
-        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
-        0
-    );
+    proxy.assert_idle().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -695,10 +677,7 @@ async fn malformed_bodies_are_routed_by_fallback_and_leak_nothing() {
     }
     // Fallback is the client address: one client, one peer.
     assert_eq!(by_body.values().collect::<HashSet<_>>().len(), 1);
-    assert_eq!(
-        proxy.wait_idle(Duration::from_secs(5)).await["in_flight"],
-        0
-    );
+    proxy.assert_idle().await;
 }
 
 #[test]

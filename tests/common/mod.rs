@@ -282,6 +282,12 @@ impl Proxy {
             .unwrap()
     }
 
+    /// Asserts that every slot is released within 5 s.
+    pub async fn assert_idle(&self) {
+        let listing = self.wait_idle(Duration::from_secs(5)).await;
+        assert_eq!(listing["in_flight"], 0, "slots still held: {listing}");
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
     }
