@@ -221,3 +221,46 @@ async fn the_http_face_speaks_openai_and_vllm_metrics() {
     assert!(value("vllm:kv_cache_usage_perc").unwrap() > 0.0);
     task.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_serves_hundreds_of_concurrent_streams() {
+    let gpu = Arc::new(Gpu::new(SimConfig {
+        speed: 20.0,
+        max_running: 600,
+        ..SimConfig::default()
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = server::router(Arc::clone(&gpu), addr.to_string(), "sim".into()).unwrap();
+    let task = tokio::spawn(async move { axum::serve(listener, app).await });
+    let c = reqwest::Client::new();
+    let peak = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let streams: Vec<_> = (0..500)
+        .map(|i| {
+            let (c, gpu, peak) = (c.clone(), Arc::clone(&gpu), Arc::clone(&peak));
+            tokio::spawn(async move {
+                let body = serde_json::json!({"stream": true, "max_tokens": 40,
+                    "messages": [{"role": "user", "content": format!("stream {i}")}]});
+                let r = c
+                    .post(format!("http://{addr}/v1/chat/completions"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                peak.fetch_max(gpu.stats.running.load(Ordering::Relaxed), Ordering::Relaxed);
+                r.text().await.unwrap().ends_with("data: [DONE]\n\n")
+            })
+        })
+        .collect();
+    let mut complete = 0;
+    for s in streams {
+        complete += usize::from(s.await.unwrap());
+    }
+    assert_eq!(complete, 500);
+    assert!(
+        peak.load(Ordering::Relaxed) >= 200,
+        "peak running {}",
+        peak.load(Ordering::Relaxed)
+    );
+    task.abort();
+}

@@ -1,6 +1,54 @@
 //! The routing core: key extraction, hashing, the ring, bounded-load selection and in-flight
 //! accounting. Nothing here touches a socket or a Pingora session, so every decision can be
 //! tested and benchmarked on its own.
+//!
+//! One decision, from request to slot:
+//!
+//! ```
+//! use http::{HeaderMap, Method};
+//! use prefixlb::routing::*;
+//!
+//! let peers: Vec<PeerSpec> = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+//!     .iter()
+//!     .map(|a| PeerSpec { addr: a.parse().unwrap(), weight: 1, max_in_flight: 8 })
+//!     .collect();
+//! let cluster = Cluster::new(&peers, RingConfig::default());
+//! let keys = KeyExtractor::default();
+//!
+//! let turn = |n: usize| {
+//!     let mut messages = vec![
+//!         r#"{"role":"system","content":"You are a triage assistant."}"#.to_owned(),
+//!         r#"{"role":"user","content":"Patient, 54, chest pain."}"#.to_owned(),
+//!     ];
+//!     for i in 1..n {
+//!         messages.push(format!(r#"{{"role":"assistant","content":"answer {i}"}}"#));
+//!         messages.push(format!(r#"{{"role":"user","content":"question {i}"}}"#));
+//!     }
+//!     format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","))
+//! };
+//! let key_of = |body: &str| match keys.key_for(&RequestParts {
+//!     method: &Method::POST,
+//!     path: "/v1/chat/completions",
+//!     headers: &HeaderMap::new(),
+//!     client: None,
+//!     body: body.as_bytes(),
+//!     end: BodyEnd::Complete,
+//! }) {
+//!     Extract::Key(key) => key,
+//!     Extract::NeedMore => unreachable!("a complete body needs no more"),
+//! };
+//!
+//! // Turn 1 and turn 5 of the conversation share a key, hence a peer.
+//! let (first, fifth) = (key_of(&turn(1)), key_of(&turn(5)));
+//! assert_eq!(first, fifth);
+//! assert_eq!(first.source, KeySource::Chat);
+//!
+//! let routed = cluster.select(&Balance::default(), first.hash, &[]).routed().unwrap();
+//! assert_eq!(routed.route, Route::Primary);
+//! assert_eq!(routed.slot.peer().in_flight(), 1);
+//! drop(routed); // the slot is released exactly once, here
+//! assert_eq!(cluster.in_flight(), 0);
+//! ```
 
 pub mod cluster;
 pub mod hash;
