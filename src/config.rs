@@ -394,7 +394,7 @@ defaults_from_serde!(
     OutlierConfig
 );
 
-pub fn read(path: &Path) -> Result<String, ConfigError> {
+fn read(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))
 }

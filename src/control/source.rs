@@ -68,23 +68,33 @@ impl PeerSource {
     /// The peers the source lists now; `Ok(None)` when a file is unchanged since the last read
     /// and `force` is off.
     pub async fn load(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError> {
-        match self {
-            PeerSource::ConfigFile(f) => match f.changed(force)? {
-                Some(text) => Ok(Some(Config::parse(&text)?.peer_specs()?)),
-                None => Ok(None),
-            },
-            PeerSource::PeersFile(f) => match f.changed(force)? {
-                Some(text) => Ok(Some(PeersFile::parse(&text)?)),
-                None => Ok(None),
-            },
-            PeerSource::Dns(d) => d.resolve().await.map(Some),
-        }
+        let (text, whole_config) = match self {
+            PeerSource::Dns(d) => return d.resolve().await.map(Some),
+            PeerSource::ConfigFile(f) => (f.changed(force).await?, true),
+            PeerSource::PeersFile(f) => (f.changed(force).await?, false),
+        };
+        let Some(text) = text else {
+            return Ok(None);
+        };
+        // Peer hostnames resolve through the system's blocking resolver: off the runtime.
+        let parsed = tokio::task::spawn_blocking(move || {
+            if whole_config {
+                Config::parse(&text)?.peer_specs()
+            } else {
+                PeersFile::parse(&text)
+            }
+        })
+        .await
+        .map_err(|e| ConfigError::new("", format!("reading the peers failed: {e}")))?;
+        parsed.map(Some)
     }
 }
 
 impl FileSource {
-    fn changed(&mut self, force: bool) -> Result<Option<String>, ConfigError> {
-        let text = crate::config::read(&self.path)?;
+    async fn changed(&mut self, force: bool) -> Result<Option<String>, ConfigError> {
+        let text = tokio::fs::read_to_string(&self.path).await.map_err(|e| {
+            ConfigError::new("", format!("cannot read {}: {e}", self.path.display()))
+        })?;
         if !force && self.last.as_ref() == Some(&text) {
             return Ok(None);
         }
