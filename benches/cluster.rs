@@ -149,10 +149,11 @@ async fn run_session(
             let mut all = String::new();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.ok()?;
-                if ttft.is_none() && chunk.windows(6).any(|w| w == b"\"tok0 ") {
+                all.push_str(&String::from_utf8_lossy(&chunk));
+                // The first token may be split across network chunks: look at all so far.
+                if ttft.is_none() && all.contains("\"tok0 ") {
                     ttft = Some(start.elapsed());
                 }
-                all.push_str(&String::from_utf8_lossy(&chunk));
             }
             all.ends_with("data: [DONE]\n\n").then_some(())
         }

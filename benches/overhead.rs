@@ -100,7 +100,12 @@ async fn closed_loop(target: SocketAddr) -> Run {
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let mid = v.len() / 2;
+    if v.len() % 2 == 0 {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -109,6 +114,7 @@ async fn main() {
     let (_lb, lb, _admin) = start_lb(&[upstream], None, "health_check: {enabled: false}\n").await;
     // Warm both paths (connection pools, caches) before measuring.
     closed_loop(upstream).await;
+    closed_loop(lb).await;
     let (mut direct, mut proxied) = (Vec::new(), Vec::new());
     for _ in 0..2 {
         direct.push(closed_loop(upstream).await);

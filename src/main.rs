@@ -18,6 +18,26 @@ use prefixlb::control::ControlPlane;
 use prefixlb::proxy::PrefixLb;
 use prefixlb::router::Router;
 
+/// Reads the peer source once, on a runtime of its own (the DNS resolver's sockets belong to the
+/// runtime they were made on, so the control plane makes its own).
+fn initial_peers(
+    config: &Config,
+    path: &std::path::Path,
+) -> Result<Vec<prefixlb::routing::PeerSpec>, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let mut source = PeerSource::from_config(config, path).map_err(|e| e.to_string())?;
+        let label = source.label();
+        match source.load(true).await {
+            Ok(specs) => Ok(specs.unwrap_or_default()),
+            Err(e) => Err(format!("{label}: {e}")),
+        }
+    })
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "prefixlb",
@@ -40,7 +60,11 @@ struct Cli {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // A daemon runs from /: reloads must find the files the command line meant.
+    if let Ok(absolute) = std::fs::canonicalize(&cli.lb_conf) {
+        cli.lb_conf = absolute;
+    }
     let config = match Config::load(&cli.lb_conf) {
         Ok(c) => c,
         Err(e) => {
@@ -54,9 +78,6 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    if cli.server.test {
-        println!("prefixlb: {} is valid", cli.lb_conf.display());
-    }
     let router = match Router::from_config(&config) {
         Ok(r) => Arc::new(r),
         Err(e) => {
@@ -64,6 +85,23 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Peers from a peers file or DNS are there before the first request, not at the control
+    // plane's first tick: after an upgrade, the new process serves at once.
+    if config.discovery.peers_file.is_some() || config.discovery.dns.is_some() {
+        match initial_peers(&config, &cli.lb_conf) {
+            Ok(specs) => router.set_peers(&specs),
+            Err(e) if config.discovery.dns.is_some() && !cli.server.test => {
+                log::warn!("no peers from DNS yet, starting without: {e}");
+            }
+            Err(e) => {
+                eprintln!("prefixlb: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if cli.server.test {
+        println!("prefixlb: {} is valid", cli.lb_conf.display());
+    }
     let mut server = match Server::new(Some(cli.server)) {
         Ok(s) => s,
         Err(e) => {

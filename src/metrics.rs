@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    self, register_histogram, register_int_counter, register_int_counter_vec, register_int_gauge,
+    self, register_histogram, register_int_counter, register_int_counter_vec,
     register_int_gauge_vec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
 };
 
@@ -54,7 +54,7 @@ metric!(QUEUE_WAIT: Histogram = register_histogram!(
 ));
 metric!(FIRST_BYTE: Histogram = register_histogram!(
     "prefixlb_upstream_first_byte_seconds",
-    "From choosing a peer to the first response body byte from it: the time to first token of a streamed completion, as the load balancer sees it",
+    "From choosing a peer to the first byte of its response body: the time to first token of a streamed completion, as the load balancer sees it",
     LATENCY_BUCKETS.to_vec()
 ));
 metric!(DURATION: Histogram = register_histogram!(
@@ -81,16 +81,14 @@ metric!(BUILD_INFO: IntGaugeVec = register_int_gauge_vec!(
     "Always 1; the version label says which build is running",
     &["version"]
 ));
-metric!(QUEUE_DEPTH: IntGauge = register_int_gauge!(
-    "prefixlb_queue_depth",
-    "Requests waiting for a slot now"
-));
 
 /// Per-peer gauges, read from the router at each scrape.
 struct PeerGauges {
     router: Arc<Router>,
     descs: Vec<Desc>,
 }
+
+const QUEUE_DEPTH: (&str, &str) = ("prefixlb_queue_depth", "Requests waiting for a slot now");
 
 const PEER_GAUGES: [(&str, &str); 5] = [
     ("prefixlb_peer_in_flight", "Requests in flight on each peer"),
@@ -134,14 +132,18 @@ impl Collector for PeerGauges {
                 vec.with_label_values(&[p.id()]).set(value);
             }
         }
-        QUEUE_DEPTH.set(self.router.load().waiters().len() as i64);
-        vecs.iter().flat_map(|v| v.collect()).collect()
+        let depth = IntGauge::new(QUEUE_DEPTH.0, QUEUE_DEPTH.1).expect("valid metric");
+        depth.set(self.router.load().waiters().len() as i64);
+        vecs.iter()
+            .flat_map(|v| v.collect())
+            .chain(depth.collect())
+            .collect()
     }
 }
 
 /// Registers the per-peer gauges and the build info; call once, at start.
 pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
-    let descs = PEER_GAUGES
+    let mut descs = PEER_GAUGES
         .iter()
         .map(|(name, help)| {
             Desc::new(
@@ -152,11 +154,32 @@ pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
             )
         })
         .collect::<prometheus::Result<Vec<_>>>()?;
+    descs.push(Desc::new(
+        QUEUE_DEPTH.0.into(),
+        QUEUE_DEPTH.1.into(),
+        vec![],
+        Default::default(),
+    )?);
     prometheus::register(Box::new(PeerGauges { router, descs }))?;
     BUILD_INFO
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
-    LazyLock::force(&QUEUE_DEPTH);
+    // Register every metric now: the histograms and plain counters are then in the first
+    // scrape; a labelled counter appears with its first sample.
+    for counters in [
+        &PEER_REQUESTS,
+        &PEER_CONNECT_FAILURES,
+        &PEER_EJECTIONS,
+        &REJECTIONS,
+        &KEY_SOURCES,
+        &RELOADS,
+    ] {
+        LazyLock::force(counters);
+    }
+    for histogram in [&QUEUE_WAIT, &FIRST_BYTE, &DURATION] {
+        LazyLock::force(histogram);
+    }
+    LazyLock::force(&PEEKED_BYTES);
     Ok(())
 }
 

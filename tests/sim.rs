@@ -71,17 +71,17 @@ async fn a_full_cache_evicts_the_least_recently_used_prefix() {
     let a = prompt("a", 2400); // 600 tokens
     let b = prompt("b", 2400);
     request(&gpu, &a, 1).await;
-    request(&gpu, &b, 1).await; // 600 + 600 > 1024: a's oldest blocks go
-    assert!(gpu.cache_usage() <= 1.0);
+    request(&gpu, &b, 1).await; // 37 + 37 blocks > 64: a's 10 oldest go, its tail first
+    assert_eq!(gpu.cache_usage(), 1.0);
+    let hits = gpu.stats.prefix_hits.load(Ordering::Relaxed);
     let (again, _) = request(&gpu, &a, 1).await;
-    assert!(
-        again >= Duration::from_millis(500),
-        "a should have been evicted: {again:?}"
-    );
+    // a's head still hits (27 blocks, 432 tokens); its last 168 tokens are prefilled again.
+    assert_eq!(gpu.stats.prefix_hits.load(Ordering::Relaxed) - hits, 432);
+    assert_eq!(again, Duration::from_millis(168));
     let (b_again, _) = request(&gpu, &b, 1).await;
     assert!(
-        b_again > Duration::from_millis(100),
-        "b was pushed out by a's refill"
+        b_again >= Duration::from_millis(160),
+        "b's tail was pushed out by a's refill: {b_again:?}"
     );
 }
 
@@ -95,7 +95,7 @@ async fn requests_beyond_max_running_wait_and_prefills_queue() {
     for i in 0..4 {
         let gpu = Arc::clone(&gpu);
         tasks.push(tokio::spawn(async move {
-            request(&gpu, &prompt(&format!("p{i}"), 400), 50).await // 100 ms prefill, 500 ms decode
+            request(&gpu, &prompt(&format!("p{i}"), 400), 51).await // 100 ms prefill, 500 ms decode
         }));
         tokio::task::yield_now().await;
     }
@@ -126,11 +126,12 @@ async fn decode_slows_with_batch_size() {
     };
     tokio::task::yield_now().await;
     let (_, together) = request(&gpu, "", 10).await;
-    assert_eq!(alone, Duration::from_millis(100));
+    // Ten tokens are nine decode steps apart.
+    assert_eq!(alone, Duration::from_millis(90));
     assert_eq!(
         together,
-        Duration::from_millis(150),
-        "one other request: 1.5 × per token"
+        Duration::from_millis(135),
+        "one other request: 1.5 × per step"
     );
     other.await.unwrap();
 }
@@ -234,12 +235,22 @@ async fn one_process_serves_hundreds_of_concurrent_streams() {
     let app = server::router(Arc::clone(&gpu), addr.to_string(), "sim".into()).unwrap();
     let task = tokio::spawn(async move { axum::serve(listener, app).await });
     let c = reqwest::Client::new();
-    let peak = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let sampler = {
+        let gpu = Arc::clone(&gpu);
+        tokio::spawn(async move {
+            let mut peak = 0;
+            for _ in 0..400 {
+                peak = peak.max(gpu.stats.running.load(Ordering::Relaxed));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            peak
+        })
+    };
     let streams: Vec<_> = (0..500)
         .map(|i| {
-            let (c, gpu, peak) = (c.clone(), Arc::clone(&gpu), Arc::clone(&peak));
+            let c = c.clone();
             tokio::spawn(async move {
-                let body = serde_json::json!({"stream": true, "max_tokens": 40,
+                let body = serde_json::json!({"stream": true, "max_tokens": 200,
                     "messages": [{"role": "user", "content": format!("stream {i}")}]});
                 let r = c
                     .post(format!("http://{addr}/v1/chat/completions"))
@@ -247,7 +258,6 @@ async fn one_process_serves_hundreds_of_concurrent_streams() {
                     .send()
                     .await
                     .unwrap();
-                peak.fetch_max(gpu.stats.running.load(Ordering::Relaxed), Ordering::Relaxed);
                 r.text().await.unwrap().ends_with("data: [DONE]\n\n")
             })
         })
@@ -257,10 +267,7 @@ async fn one_process_serves_hundreds_of_concurrent_streams() {
         complete += usize::from(s.await.unwrap());
     }
     assert_eq!(complete, 500);
-    assert!(
-        peak.load(Ordering::Relaxed) >= 200,
-        "peak running {}",
-        peak.load(Ordering::Relaxed)
-    );
+    let peak = sampler.await.unwrap();
+    assert!(peak >= 300, "at most {peak} streams ran at once");
     task.abort();
 }

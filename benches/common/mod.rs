@@ -60,8 +60,8 @@ pub async fn start_lb(
 ) -> (Proc, SocketAddr, SocketAddr) {
     let dir = tempfile::tempdir().unwrap();
     let (addr, admin) = (free_addr(), free_addr());
-    let mut yaml =
-        format!("listen: [\"{addr}\"]\nadmin: {{listen: \"{admin}\"}}\naccess_log: off\npeers:\n");
+    // The access log stays on, as by default: its cost is part of what is measured.
+    let mut yaml = format!("listen: [\"{addr}\"]\nadmin: {{listen: \"{admin}\"}}\npeers:\n");
     for p in peers {
         yaml.push_str(&format!("  - addr: \"{p}\"\n"));
         if let Some(m) = max_in_flight {

@@ -9,7 +9,7 @@ use hickory_resolver::proto::rr::RData;
 use hickory_resolver::TokioResolver;
 
 use crate::config::{Config, ConfigError, DnsConfig, DnsRecord, PeersFile};
-use crate::routing::{PeerSpec, UNLIMITED};
+use crate::routing::{PeerSpec, MAX_WEIGHT, UNLIMITED};
 
 pub enum PeerSource {
     /// The `peers` section of prefixlb's own file.
@@ -43,11 +43,13 @@ impl PeerSource {
             interval,
         };
         Ok(match &config.discovery.peers_file {
-            Some(path) => PeerSource::PeersFile(file(path, None)),
-            // The config file was just read for the start-up peers.
-            None => {
-                PeerSource::ConfigFile(file(config_path, std::fs::read_to_string(config_path).ok()))
-            }
+            // Relative to where prefixlb started, not to / where a daemon runs.
+            Some(path) => PeerSource::PeersFile(file(
+                &std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()),
+                None,
+            )),
+            // Parsed again at the first tick: an edit made since start-up is not lost.
+            None => PeerSource::ConfigFile(file(config_path, None)),
         })
     }
 
@@ -160,24 +162,31 @@ impl DnsSource {
                     .srv_lookup(c.name.as_str())
                     .await
                     .map_err(fail)?;
+                let mut last_error = None;
                 for record in lookup.answers() {
                     let RData::SRV(srv) = &record.data else {
                         continue;
                     };
+                    // A target that does not resolve (a pod going away) is skipped, not a
+                    // reason to ignore the others.
                     let target = srv.target.to_string();
-                    for ip in self
-                        .resolver
-                        .lookup_ip(target.as_str())
-                        .await
-                        .map_err(fail)?
-                        .iter()
-                    {
+                    let ips = match self.resolver.lookup_ip(target.as_str()).await {
+                        Ok(ips) => ips,
+                        Err(e) => {
+                            last_error = Some(e);
+                            continue;
+                        }
+                    };
+                    for ip in ips.iter() {
                         specs.push(PeerSpec {
                             addr: (ip, srv.port).into(),
-                            weight: u32::from(srv.weight).max(1),
+                            weight: u32::from(srv.weight).clamp(1, MAX_WEIGHT),
                             max_in_flight,
                         });
                     }
+                }
+                if let (true, Some(e)) = (specs.is_empty(), last_error) {
+                    return Err(fail(e));
                 }
             }
         }

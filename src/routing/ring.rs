@@ -19,12 +19,9 @@ use super::hash::murmur64;
 /// of points per unit of weight.
 pub const DEFAULT_VNODES_PER_WEIGHT: u32 = 2048;
 
-/// The largest weight a peer may have: weights are relative, and this keeps the ring and the
-/// round-robin rotation small.
-pub const MAX_WEIGHT: u32 = 1000;
-
-/// The most points a ring holds, whatever the weights: past it, points per weight shrink.
-pub const MAX_POINTS: u64 = 1 << 22;
+/// The largest weight a peer may have: weights are relative, and this bounds a peer's ring
+/// points (weight × vnodes, 12 bytes each) and its share of the round-robin rotation.
+pub const MAX_WEIGHT: u32 = 100;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingConfig {
@@ -51,22 +48,18 @@ impl Ring {
     /// Builds a ring over `peers` in the given order; a peer's index here is its index in
     /// [`Ring::peers`].
     pub fn new(peers: Vec<Backend>, config: RingConfig) -> Self {
-        // Weights 100 and 200 mean what 1 and 2 do; dividing by their gcd keeps the ring small.
-        let weights: Vec<u64> = peers
-            .iter()
-            .map(|p| (p.weight as u64).clamp(1, u64::from(MAX_WEIGHT)))
-            .collect();
-        let unit = weights.iter().copied().reduce(gcd).unwrap_or(1);
-        let total: u64 = weights.iter().map(|w| w / unit).sum();
-        let per_weight = u64::from(config.vnodes_per_weight.max(1))
-            .min(MAX_POINTS / total.max(1))
-            .max(1);
-        let mut placed: Vec<(u64, u32)> = Vec::with_capacity((total * per_weight) as usize);
+        // A peer's point count depends on its own weight alone, so that no membership change
+        // moves another peer's points.
+        let count = |p: &Backend| {
+            (p.weight as u64).clamp(1, u64::from(MAX_WEIGHT))
+                * u64::from(config.vnodes_per_weight.max(1))
+        };
+        let total: u64 = peers.iter().map(count).sum();
+        let mut placed: Vec<(u64, u32)> = Vec::with_capacity(total as usize);
         for (idx, peer) in peers.iter().enumerate() {
             let identity = peer.addr.to_string();
-            let count = weights[idx] / unit * per_weight;
             let mut name = Vec::with_capacity(identity.len() + 12);
-            for vnode in 0..count {
+            for vnode in 0..count(peer) {
                 name.clear();
                 name.extend_from_slice(identity.as_bytes());
                 name.push(b'#');
@@ -107,14 +100,6 @@ impl Ring {
     /// The peer a key maps to when no peer is loaded or excluded.
     pub fn primary(&self, hash: u64) -> Option<usize> {
         self.walk(hash).next()
-    }
-}
-
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
     }
 }
 

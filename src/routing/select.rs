@@ -122,9 +122,15 @@ impl Cluster {
         }
     }
 
-    /// The in-flight ceiling of `peer` under `balance`.
+    /// The in-flight ceiling of `peer` under `balance`: none for pure sticky hashing,
+    /// `max_in_flight` for round robin and least in flight, and the smaller of that and the
+    /// balance bound for bounded consistent hashing.
     pub fn bound(&self, balance: &Balance, peer: &PeerLoad) -> u32 {
-        let fixed = peer.max_in_flight();
+        let fixed = match balance.policy {
+            Policy::ConsistentHash => return UNLIMITED,
+            Policy::RoundRobin | Policy::LeastInFlight => return peer.max_in_flight(),
+            Policy::BoundedConsistentHash => peer.max_in_flight(),
+        };
         let Some(c) = balance.balance_factor else {
             return fixed;
         };

@@ -71,7 +71,7 @@ impl PrefixCache {
     /// Stores a prompt's blocks after its prefill, evicting the least recently used beyond
     /// capacity.
     pub fn insert(&mut self, hashes: &[u64]) {
-        for &h in hashes {
+        for &h in hashes.iter().rev() {
             self.blocks.put(h, ());
         }
         let Some(cap) = NonZeroUsize::new(self.capacity) else {
@@ -119,11 +119,12 @@ mod tests {
         cache.insert(&a);
         cache.insert(&b);
         assert_eq!(cache.len(), 3);
-        assert_eq!(
-            cache.lookup(&a).hit_blocks,
-            0,
-            "a's first block was the oldest"
-        );
+        // a's tail went first, its head stays: a still hits one block.
+        assert_eq!(cache.lookup(&a).hit_blocks, 1);
+        assert_eq!(cache.lookup(&b).hit_blocks, 2);
+        // Now a's head is the oldest block: the next insert evicts it.
+        cache.insert(&block_hashes(b"eeee", 4));
+        assert_eq!(cache.lookup(&a).hit_blocks, 0);
         assert_eq!(cache.lookup(&b).hit_blocks, 2);
     }
 }

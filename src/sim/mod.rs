@@ -82,6 +82,7 @@ pub struct SimStats {
     /// Prompt tokens looked up in the prefix cache, and those found.
     pub prefix_queries: AtomicU64,
     pub prefix_hits: AtomicU64,
+    /// Requests served to their last token.
     pub requests: AtomicU64,
 }
 
@@ -132,7 +133,6 @@ impl Gpu {
         mut on_prefilled: impl FnMut(Prefilled),
         mut token: impl FnMut(usize) -> bool,
     ) {
-        self.stats.requests.fetch_add(1, Ordering::Relaxed);
         self.stats.waiting.fetch_add(1, Ordering::Relaxed);
         let permit = self.slots.acquire().await;
         self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
@@ -175,10 +175,13 @@ impl Gpu {
             if !token(i) {
                 return;
             }
-            let others = (self.stats.running.load(Ordering::Relaxed) - 1).max(0) as f64;
-            let ms = c.decode_ms_per_token * (1.0 + c.batch_slowdown * others);
-            tokio::time::sleep(c.scaled(ms / 1000.0)).await;
+            if i + 1 < max_tokens {
+                let others = (self.stats.running.load(Ordering::Relaxed) - 1).max(0) as f64;
+                let ms = c.decode_ms_per_token * (1.0 + c.batch_slowdown * others);
+                tokio::time::sleep(c.scaled(ms / 1000.0)).await;
+            }
         }
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -23,6 +23,8 @@ struct Served {
 }
 
 struct Metrics {
+    /// One scrape at a time: counters catch up with the engine's totals by difference.
+    scrape: std::sync::Mutex<()>,
     registry: Registry,
     running: IntGauge,
     waiting: IntGauge,
@@ -50,8 +52,12 @@ impl Metrics {
                 "vllm:prefix_cache_hits_total",
                 "Prompt tokens found in the prefix cache",
             )?,
-            requests: IntCounter::new("vllm:request_success_total", "Requests started")?,
+            requests: IntCounter::new(
+                "vllm:request_success_total",
+                "Requests served to their last token",
+            )?,
             registry,
+            scrape: std::sync::Mutex::new(()),
         };
         m.registry.register(Box::new(m.running.clone()))?;
         m.registry.register(Box::new(m.waiting.clone()))?;
@@ -254,6 +260,7 @@ async fn models(State(s): State<Arc<Served>>) -> Response {
 
 async fn metrics(State(s): State<Arc<Served>>) -> Response {
     let (g, m) = (&s.gpu, &s.metrics);
+    let _one = m.scrape.lock().unwrap_or_else(|p| p.into_inner());
     m.running.set(g.stats.running.load(Ordering::Relaxed));
     m.waiting.set(g.stats.waiting.load(Ordering::Relaxed));
     m.cache_usage.set(g.cache_usage());
