@@ -258,6 +258,46 @@ async fn long_turns_past_the_peek_limit_stay_with_their_conversation() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_ending_just_past_the_peek_window_keys_on_the_window() {
+    // The first user message alone is longer than the 64 KiB window: the key is the window.
+    let ups = [
+        start_upstream("a").await,
+        start_upstream("b").await,
+        start_upstream("c").await,
+    ];
+    let proxy = start_proxy(&peers_yaml(&[&ups[0], &ups[1], &ups[2]], None)).await;
+    let c = client();
+    let body = |conversation: usize, tail: &str| {
+        let content = format!("conversation {conversation}: {}{tail}", "x".repeat(69_000));
+        serde_json::json!({"messages": [{"role": "user", "content": content}], "model": "m"})
+            .to_string()
+    };
+    let mut homes = HashSet::new();
+    for conversation in 0..8 {
+        let mut served = HashSet::new();
+        for tail in ["one ending", "another, longer ending"] {
+            let b = body(conversation, tail);
+            let want = sha256_hex(b.as_bytes());
+            let r = c.post(proxy.url(CHAT)).body(b).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let echo: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(echo["sha256"], want.as_str());
+            served.insert(echo["upstream"].as_str().unwrap().to_owned());
+        }
+        assert_eq!(
+            served.len(),
+            1,
+            "bytes past the window moved conversation {conversation}"
+        );
+        homes.extend(served);
+    }
+    assert!(
+        homes.len() >= 2,
+        "every conversation fell back to one peer: {homes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expect_100_continue_is_answered_before_the_body_is_read() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let up = start_upstream("a").await;

@@ -122,4 +122,19 @@ impl ApiError {
             .await?;
         session.write_response_body(Some(body), true).await
     }
+
+    /// Writes the error, then reads and drops what the client still sends of its body, for a
+    /// while, before the connection closes: closing on unread bytes resets the connection, and
+    /// a client still writing its body would see the reset instead of this answer.
+    pub async fn send_and_close(&self, session: &mut Session) -> pingora::Result<()> {
+        session.set_keepalive(None);
+        self.send(session).await?;
+        if !session.is_body_done() {
+            let _ = tokio::time::timeout(LINGER, session.drain_request_body()).await;
+        }
+        Ok(())
+    }
 }
+
+/// How long an answered connection keeps reading the client's unwanted body.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);

@@ -49,6 +49,8 @@ pub struct RequestCtx {
     key: Option<RoutingKey>,
     /// The slot of the peer this attempt goes to. Dropping the context releases it.
     slot: Option<Slot>,
+    /// The peer of a slot released early, for the log line.
+    released: Option<Arc<PeerLoad>>,
     route: Option<Route>,
     /// Peers whose connect failed for this request; a retry skips them.
     failed: Vec<Arc<PeerLoad>>,
@@ -71,6 +73,7 @@ impl RequestCtx {
             upstream_status: None,
             key: None,
             slot: None,
+            released: None,
             route: None,
             failed: Vec::new(),
             unreplayed: None,
@@ -118,9 +121,8 @@ impl ProxyHttp for PrefixLb {
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let router = &self.router;
         if declared_length(session).is_some_and(|len| len > router.peek.max_body) {
-            session.set_keepalive(None);
             ApiError::body_too_large(router.peek.max_body)
-                .send(session)
+                .send_and_close(session)
                 .await?;
             return Ok(true);
         }
@@ -138,8 +140,7 @@ impl ProxyHttp for PrefixLb {
                     peeked.key
                 }
                 Err(api) => {
-                    session.set_keepalive(None);
-                    api.send(session).await?;
+                    api.send_and_close(session).await?;
                     return Ok(true);
                 }
             }
@@ -330,7 +331,11 @@ impl ProxyHttp for PrefixLb {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // The response has ended or the client has gone: either way the slot is free now.
         let slot = ctx.slot.take();
-        let peer = slot.as_ref().map(|s| s.peer().id().to_owned());
+        let peer = slot
+            .as_ref()
+            .map(|s| s.peer())
+            .or(ctx.released.as_ref())
+            .map(|p| p.id().to_owned());
         drop(slot);
         let duration = ctx.arrived.elapsed();
         metrics::DURATION.observe(duration.as_secs_f64());
@@ -383,8 +388,12 @@ impl ProxyHttp for PrefixLb {
                 status => ApiError::from_status(status),
             },
         };
+        // The request is over for the peer: free its slot before lingering on the client.
+        if let Some(slot) = ctx.slot.take() {
+            ctx.released = Some(Arc::clone(slot.peer()));
+        }
         if session.response_written().is_none() {
-            if let Err(write) = api.send(session).await {
+            if let Err(write) = api.send_and_close(session).await {
                 log::debug!("could not send the error response: {write}");
             }
         }

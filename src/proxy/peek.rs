@@ -84,6 +84,12 @@ pub async fn peek_key(
             // Stopped short of the window only to keep the body replayable: a key cut there
             // would depend on how the bytes arrived, so an incomplete one falls back instead.
             let short = end == BodyEnd::Limit && buf.len() < window;
+            // A body that ended past the window is still seen only up to the window: cut.
+            let end = match end {
+                BodyEnd::Complete if buf.len() > window => BodyEnd::Limit,
+                _ if short => BodyEnd::More,
+                end => end,
+            };
             let header = session.req_header();
             let parts = RequestParts {
                 method: &header.method,
@@ -91,7 +97,7 @@ pub async fn peek_key(
                 headers: &header.headers,
                 client,
                 body: &buf[..buf.len().min(window)],
-                end: if short { BodyEnd::More } else { end },
+                end,
             };
             match keys.key_for(&parts) {
                 Extract::Key(key) => break key,
