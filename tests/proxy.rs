@@ -213,6 +213,25 @@ fn model_last_turn(conversation: &str, exchanges: usize) -> String {
     )
 }
 
+/// Posts a chat body; asserts that the upstream got exactly these bytes; returns which one.
+async fn echoed(c: &reqwest::Client, proxy: &Proxy, body: Vec<u8>, framing: &Framing) -> String {
+    let want = sha256_hex(&body);
+    let r = c
+        .post(proxy.url(CHAT))
+        .body(framed(body, framing))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", proxy.log());
+    let echo: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        echo["sha256"],
+        want.as_str(),
+        "the upstream got other bytes"
+    );
+    echo["upstream"].as_str().unwrap().to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_turns_past_the_peek_limit_stay_with_their_conversation() {
     let ups = [
@@ -235,17 +254,7 @@ async fn long_turns_past_the_peek_limit_stay_with_their_conversation() {
             (long.clone(), Framing::Chunked(4093)),
             (long, Framing::Chunked(65536)),
         ] {
-            let want = sha256_hex(body.as_bytes());
-            let r = c
-                .post(proxy.url(CHAT))
-                .body(framed(body.into_bytes(), &framing))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-            let echo: serde_json::Value = r.json().await.unwrap();
-            assert_eq!(echo["sha256"], want.as_str());
-            served.insert(echo["upstream"].as_str().unwrap().to_owned());
+            served.insert(echoed(&c, &proxy, body.into_bytes(), &framing).await);
         }
         assert_eq!(
             served.len(),
@@ -276,13 +285,8 @@ async fn a_body_ending_just_past_the_peek_window_keys_on_the_window() {
     for conversation in 0..8 {
         let mut served = HashSet::new();
         for tail in ["one ending", "another, longer ending"] {
-            let b = body(conversation, tail);
-            let want = sha256_hex(b.as_bytes());
-            let r = c.post(proxy.url(CHAT)).body(b).send().await.unwrap();
-            assert_eq!(r.status(), 200);
-            let echo: serde_json::Value = r.json().await.unwrap();
-            assert_eq!(echo["sha256"], want.as_str());
-            served.insert(echo["upstream"].as_str().unwrap().to_owned());
+            let b = body(conversation, tail).into_bytes();
+            served.insert(echoed(&c, &proxy, b, &Framing::Length).await);
         }
         assert_eq!(
             served.len(),
