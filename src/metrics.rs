@@ -183,6 +183,21 @@ pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
     Ok(())
 }
 
+const ROUTES: [&str; 4] = ["primary", "overflow", "retry", "balanced"];
+const STATUS_CLASSES: [&str; 6] = ["2xx", "3xx", "4xx", "5xx", "other", "error"];
+
+/// Drops the series of a peer that left the cluster, so that pods coming and going under DNS
+/// discovery do not pile up label values.
+pub fn forget_peer(peer: &str) {
+    for route in ROUTES {
+        for class in STATUS_CLASSES {
+            let _ = PEER_REQUESTS.remove_label_values(&[peer, route, class]);
+        }
+    }
+    let _ = PEER_CONNECT_FAILURES.remove_label_values(&[peer]);
+    let _ = PEER_EJECTIONS.remove_label_values(&[peer]);
+}
+
 pub fn status_class(status: Option<u16>) -> &'static str {
     match status {
         Some(200..=299) => "2xx",

@@ -81,7 +81,15 @@ impl Router {
     /// take no new requests and finish the ones they have.
     pub fn set_peers(&self, specs: &[PeerSpec]) {
         let _one_at_a_time = self.membership.lock().unwrap_or_else(|p| p.into_inner());
-        let next = self.cluster.load().rebuild(specs, self.ring);
+        let previous = self.cluster.load_full();
+        let next = previous.rebuild(specs, self.ring);
+        for gone in previous
+            .peers()
+            .iter()
+            .filter(|p| next.peer(p.id()).is_none())
+        {
+            crate::metrics::forget_peer(gone.id());
+        }
         self.cluster.store(Arc::new(next));
         // New peers are capacity the waiting line may take.
         self.load.waiters().wake_front();

@@ -257,3 +257,51 @@ async fn the_access_log_has_a_line_per_request_and_no_prompt_text() {
     assert_eq!(lines[1]["key_hash"], chat_line["key_hash"]);
     assert_eq!(lines[3]["key_source"], "client_addr");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_peer_leaves_no_series_behind() {
+    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let dir = tempfile::tempdir().unwrap();
+    let peers = dir.path().join("peers.yaml");
+    std::fs::write(&peers, peers_yaml(&[&ups[0], &ups[1]], None)).unwrap();
+    let cfg = format!(
+        "discovery: {{peers_file: \"{}\", reload_interval_ms: 20}}\n",
+        peers.display()
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    for i in 0..20 {
+        let r = c
+            .post(proxy.url(CHAT))
+            .body(chat("s", &format!("c{i}"), 1, false))
+            .send()
+            .await
+            .unwrap();
+        r.bytes().await.unwrap();
+    }
+    let b = ups[1].addr_str();
+    let m = scrape(&proxy.metrics().await);
+    assert!(!find(&m, "prefixlb_peer_requests_total", &[("peer", &b)]).is_empty());
+    std::fs::write(&peers, peers_yaml(&[&ups[0]], None)).unwrap();
+    let start = std::time::Instant::now();
+    while proxy.peers().await["peers"].as_array().unwrap().len() != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the reload did not happen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = scrape(&proxy.metrics().await);
+    let left: Vec<_> = m
+        .samples
+        .iter()
+        .filter(|s| s.labels.get("peer") == Some(&b))
+        .collect();
+    assert!(left.is_empty(), "series of the removed peer: {left:?}");
+    assert!(!find(
+        &m,
+        "prefixlb_peer_requests_total",
+        &[("peer", &ups[0].addr_str())]
+    )
+    .is_empty());
+}
