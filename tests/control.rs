@@ -89,15 +89,8 @@ const FAST_HEALTH: &str =
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_peer_is_marked_down_within_one_interval_and_gets_its_keys_back() {
-    let ups = [
-        start_upstream("a").await,
-        start_upstream("b").await,
-        start_upstream("c").await,
-    ];
-    let cfg = format!(
-        "{}{FAST_HEALTH}",
-        peers_yaml(&[&ups[0], &ups[1], &ups[2]], None)
-    );
+    let ups = upstreams::<3>().await;
+    let cfg = format!("{}{FAST_HEALTH}", peers_yaml(&ups, None));
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
@@ -164,10 +157,10 @@ async fn a_killed_peer_goes_down_and_a_restarted_one_comes_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_5xx_eject_a_peer_but_4xx_do_not() {
-    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let ups = upstreams::<2>().await;
     let cfg = format!(
         "{}health_check: {{enabled: false}}\noutlier: {{consecutive_failures: 3, base_ejection_ms: 1500, max_ejection_ms: 10000}}\n",
-        peers_yaml(&[&ups[0], &ups[1]], None)
+        peers_yaml(&ups, None)
     );
     let proxy = start_proxy(&cfg).await;
     let c = client();
@@ -217,12 +210,7 @@ fn write_peers(path: &std::path::Path, peers: &[(&Upstream, u32)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rewriting_the_peers_file_under_load_fails_no_request() {
-    let ups = [
-        start_upstream("a").await,
-        start_upstream("b").await,
-        start_upstream("c").await,
-        start_upstream("d").await,
-    ];
+    let ups = upstreams::<4>().await;
     let dir = tempfile::tempdir().unwrap();
     let peers_file = dir.path().join("peers.yaml");
     write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1)]);
@@ -341,7 +329,7 @@ async fn rewriting_the_peers_file_under_load_fails_no_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_the_peers_section_of_the_config_file() {
-    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let ups = upstreams::<2>().await;
     // Checked for changes only once a minute: the reload below is the signal's doing.
     let cfg = format!(
         "discovery: {{reload_interval_ms: 60000}}\n{}",
@@ -352,10 +340,7 @@ async fn sighup_reloads_the_peers_section_of_the_config_file() {
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(
         &path,
-        text.replace(
-            &peers_yaml(&[&ups[0]], None),
-            &peers_yaml(&[&ups[0], &ups[1]], None),
-        ),
+        text.replace(&peers_yaml(&[&ups[0]], None), &peers_yaml(&ups, None)),
     )
     .unwrap();
     let status = std::process::Command::new("kill")
@@ -375,7 +360,7 @@ async fn sighup_reloads_the_peers_section_of_the_config_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_peers_file_leaves_routing_unchanged() {
-    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let ups = upstreams::<2>().await;
     let dir = tempfile::tempdir().unwrap();
     let peers_file = dir.path().join("peers.yaml");
     write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1)]);
@@ -416,11 +401,11 @@ async fn an_invalid_peers_file_leaves_routing_unchanged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_peer_takes_nothing_new_and_its_in_flight_falls_to_zero() {
-    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let ups = upstreams::<2>().await;
     // No balance bound, so that three streams of one conversation all stay on its peer.
     let cfg = format!(
         "{}routing: {{balance_factor: null}}\n",
-        peers_yaml(&[&ups[0], &ups[1]], None)
+        peers_yaml(&ups, None)
     );
     let proxy = start_proxy(&cfg).await;
     let c = client();

@@ -38,10 +38,10 @@ fn one(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_peer_gauges_match_the_streams_the_test_holds_open() {
-    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let ups = upstreams::<2>().await;
     let cfg = format!(
         "{}routing: {{balance_factor: null}}\n",
-        peers_yaml(&[&ups[0], &ups[1]], Some(5))
+        peers_yaml(&ups, Some(5))
     );
     let proxy = start_proxy(&cfg).await;
     let c = client();
@@ -260,10 +260,10 @@ async fn the_access_log_has_a_line_per_request_and_no_prompt_text() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_peer_leaves_no_series_behind() {
-    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let ups = upstreams::<2>().await;
     let dir = tempfile::tempdir().unwrap();
     let peers = dir.path().join("peers.yaml");
-    std::fs::write(&peers, peers_yaml(&[&ups[0], &ups[1]], None)).unwrap();
+    std::fs::write(&peers, peers_yaml(&ups, None)).unwrap();
     let cfg = format!(
         "discovery: {{peers_file: \"{}\", reload_interval_ms: 20}}\n",
         peers.display()

@@ -25,12 +25,8 @@ fn upstream_of(r: &reqwest::Response) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_stick_to_one_upstream_across_turns() {
-    let ups = [
-        start_upstream("a").await,
-        start_upstream("b").await,
-        start_upstream("c").await,
-    ];
-    let proxy = start_proxy(&peers_yaml(&[&ups[0], &ups[1], &ups[2]], None)).await;
+    let ups = upstreams::<3>().await;
+    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
     let c = client();
     let system = "You are the triage assistant of St. Mary's. ".repeat(30);
     let mut homes = HashSet::new();
@@ -55,14 +51,10 @@ async fn conversations_stick_to_one_upstream_across_turns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_primary_overflows_to_the_next_ring_peer_and_the_key_comes_back() {
-    let ups = [
-        start_upstream("a").await,
-        start_upstream("b").await,
-        start_upstream("c").await,
-    ];
+    let ups = upstreams::<3>().await;
     let cfg = format!(
         "{}routing: {{balance_factor: null}}\n",
-        peers_yaml(&[&ups[0], &ups[1], &ups[2]], Some(1))
+        peers_yaml(&ups, Some(1))
     );
     let proxy = start_proxy(&cfg).await;
     let c = client();
@@ -138,11 +130,11 @@ fn framed(body: Vec<u8>, framing: &Framing) -> reqwest::Body {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_reach_the_upstream_byte_for_byte() {
-    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let ups = upstreams::<2>().await;
     // A peek limit past Pingora's 64 KiB replay buffer exercises the re-injection path.
     let cfg = format!(
         "{}routing: {{peek_limit_bytes: 1048576}}\n",
-        peers_yaml(&[&ups[0], &ups[1]], None)
+        peers_yaml(&ups, None)
     );
     let proxy = start_proxy(&cfg).await;
     let c = client();
@@ -234,12 +226,8 @@ async fn echoed(c: &reqwest::Client, proxy: &Proxy, body: Vec<u8>, framing: &Fra
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_turns_past_the_peek_limit_stay_with_their_conversation() {
-    let ups = [
-        start_upstream("a").await,
-        start_upstream("b").await,
-        start_upstream("c").await,
-    ];
-    let proxy = start_proxy(&peers_yaml(&[&ups[0], &ups[1], &ups[2]], None)).await;
+    let ups = upstreams::<3>().await;
+    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
     let c = client();
     let mut homes = HashSet::new();
     for conv in 0..9 {
@@ -269,12 +257,8 @@ async fn long_turns_past_the_peek_limit_stay_with_their_conversation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_ending_just_past_the_peek_window_keys_on_the_window() {
     // The first user message alone is longer than the 64 KiB window: the key is the window.
-    let ups = [
-        start_upstream("a").await,
-        start_upstream("b").await,
-        start_upstream("c").await,
-    ];
-    let proxy = start_proxy(&peers_yaml(&[&ups[0], &ups[1], &ups[2]], None)).await;
+    let ups = upstreams::<3>().await;
+    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
     let c = client();
     let body = |conversation: usize, tail: &str| {
         let content = format!("conversation {conversation}: {}{tail}", "x".repeat(69_000));
@@ -398,12 +382,8 @@ async fn sse_events_pass_through_as_they_are_emitted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_slot_is_released_when_clients_walk_away_mid_stream() {
-    let ups = [
-        start_upstream("a").await,
-        start_upstream("b").await,
-        start_upstream("c").await,
-    ];
-    let proxy = start_proxy(&peers_yaml(&[&ups[0], &ups[1], &ups[2]], None)).await;
+    let ups = upstreams::<3>().await;
+    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
     let c = client();
     let mut tasks = Vec::new();
     for i in 0..300u64 {
@@ -458,11 +438,11 @@ async fn every_slot_is_released_when_clients_walk_away_mid_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_are_released_on_upstream_resets_and_timeouts() {
-    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let ups = upstreams::<2>().await;
     let cfg = format!(
         "{}upstream: {{read_timeout_ms: 300}}
 ",
-        peers_yaml(&[&ups[0], &ups[1]], None)
+        peers_yaml(&ups, None)
     );
     let proxy = start_proxy(&cfg).await;
     let c = client();
@@ -696,8 +676,8 @@ async fn oversized_bodies_get_413() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_bodies_are_routed_by_fallback_and_leak_nothing() {
-    let ups = [start_upstream("a").await, start_upstream("b").await];
-    let proxy = start_proxy(&peers_yaml(&[&ups[0], &ups[1]], None)).await;
+    let ups = upstreams::<2>().await;
+    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
     let c = client();
     let bodies: Vec<Vec<u8>> = vec![
         b"not json at all".to_vec(),

@@ -136,16 +136,33 @@ async fn decode_slows_with_batch_size() {
     other.await.unwrap();
 }
 
+/// The GPU's HTTP face on a free loopback port.
+async fn serve(
+    gpu: &Arc<Gpu>,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = server::router(Arc::clone(gpu), addr.to_string(), "sim".into()).unwrap();
+    (
+        addr,
+        tokio::spawn(async move { axum::serve(listener, app).await }),
+    )
+}
+
+async fn json_of(r: reqwest::RequestBuilder) -> serde_json::Value {
+    r.send().await.unwrap().json().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_face_speaks_openai_and_vllm_metrics() {
     let gpu = Arc::new(Gpu::new(SimConfig {
         speed: 100.0,
         ..config()
     }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = server::router(Arc::clone(&gpu), addr.to_string(), "sim".into()).unwrap();
-    let task = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (addr, task) = serve(&gpu).await;
     let c = reqwest::Client::new();
     let url = |p: &str| format!("http://{addr}{p}");
     let body = serde_json::json!({"model": "sim", "stream": true, "max_tokens": 5,
@@ -160,15 +177,11 @@ async fn the_http_face_speaks_openai_and_vllm_metrics() {
     let text = r.text().await.unwrap();
     assert_eq!(text.matches("chat.completion.chunk").count(), 6, "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"));
-    let plain: serde_json::Value = c
-        .post(url("/v1/chat/completions"))
-        .json(&serde_json::json!({"messages": body["messages"], "max_tokens": 3}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let plain = json_of(
+        c.post(url("/v1/chat/completions"))
+            .json(&serde_json::json!({"messages": body["messages"], "max_tokens": 3})),
+    )
+    .await;
     assert_eq!(plain["usage"]["completion_tokens"], 3);
     assert!(
         plain["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -176,24 +189,13 @@ async fn the_http_face_speaks_openai_and_vllm_metrics() {
             .unwrap()
             >= 192
     );
-    let completion: serde_json::Value = c
-        .post(url("/v1/completions"))
-        .json(&serde_json::json!({"prompt": "once upon a time", "max_tokens": 2}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let completion = json_of(
+        c.post(url("/v1/completions"))
+            .json(&serde_json::json!({"prompt": "once upon a time", "max_tokens": 2})),
+    )
+    .await;
     assert_eq!(completion["choices"][0]["text"], "tok0 tok1 ");
-    let models: serde_json::Value = c
-        .get(url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = json_of(c.get(url("/v1/models"))).await;
     assert_eq!(models["data"][0]["id"], "sim");
     assert_eq!(c.get(url("/health")).send().await.unwrap().status(), 200);
     let metrics = c
@@ -230,10 +232,7 @@ async fn one_process_serves_hundreds_of_concurrent_streams() {
         max_running: 600,
         ..SimConfig::default()
     }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = server::router(Arc::clone(&gpu), addr.to_string(), "sim".into()).unwrap();
-    let task = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (addr, task) = serve(&gpu).await;
     let c = reqwest::Client::new();
     let sampler = {
         let gpu = Arc::clone(&gpu);

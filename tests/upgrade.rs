@@ -69,14 +69,14 @@ fn ended_after(log: &str, after: SystemTime) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_upgrades_in_a_row_under_load_fail_nothing() {
-    let ups = [start_upstream("a").await, start_upstream("b").await];
+    let ups = upstreams::<2>().await;
     let dir = tempfile::tempdir().unwrap();
     let (port, admin) = (free_port(), free_port());
     std::fs::write(
         dir.path().join("prefixlb.yaml"),
         format!(
             "listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: \"127.0.0.1:{admin}\"}}\naccess_log: json\n{}",
-            peers_yaml(&[&ups[0], &ups[1]], None)
+            peers_yaml(&ups, None)
         ),
     )
     .unwrap();

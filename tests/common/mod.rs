@@ -358,15 +358,28 @@ pub async fn start_proxy(config: &str) -> Proxy {
 }
 
 /// `peers:` YAML for these upstreams.
-pub fn peers_yaml(ups: &[&Upstream], max_in_flight: Option<u32>) -> String {
+pub fn peers_yaml<U: std::borrow::Borrow<Upstream>>(
+    ups: &[U],
+    max_in_flight: Option<u32>,
+) -> String {
     let mut s = String::from("peers:\n");
-    for u in ups {
+    for u in ups.iter().map(U::borrow) {
         s.push_str(&format!("  - addr: \"{}\"\n", u.addr));
         if let Some(m) = max_in_flight {
             s.push_str(&format!("    max_in_flight: {m}\n"));
         }
     }
     s
+}
+
+/// Mock upstreams named "a", "b", "c", ...
+pub async fn upstreams<const N: usize>() -> [Upstream; N] {
+    let mut ups = Vec::with_capacity(N);
+    for i in 0..N {
+        ups.push(start_upstream(&((b'a' + i as u8) as char).to_string()).await);
+    }
+    ups.try_into()
+        .unwrap_or_else(|_| unreachable!("N upstreams were started"))
 }
 
 /// A chat request body: a shared system prompt, the conversation's first question, and
