@@ -124,13 +124,6 @@ pub struct RoutingKey {
     pub fallback: Option<FallbackReason>,
 }
 
-impl RoutingKey {
-    /// The key in the form [`pingora_load_balancing::selection::BackendSelection::iter`] takes.
-    pub fn hash_bytes(&self) -> Option<[u8; 8]> {
-        self.hash.map(u64::to_be_bytes)
-    }
-}
-
 /// How much more of the body may follow the bytes given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyEnd {
@@ -185,10 +178,6 @@ pub struct KeyExtractor {
 impl KeyExtractor {
     pub fn new(config: KeyConfig) -> Self {
         Self { config }
-    }
-
-    pub fn config(&self) -> &KeyConfig {
-        &self.config
     }
 
     /// The body format to peek at, or `None` when the key comes from the headers alone.

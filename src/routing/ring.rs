@@ -85,10 +85,6 @@ impl Ring {
         &self.peers
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.peers.is_empty()
-    }
-
     /// Distinct peer indices in clockwise order from the first point at or after `hash`.
     pub fn walk(&self, hash: u64) -> Walk<'_> {
         Walk {
@@ -187,7 +183,7 @@ impl SeenSet {
 }
 
 /// The key given to [`BackendSelection::iter`]: the routing hash as 8 big-endian bytes, as
-/// `RoutingKey::hash` produces it. Any other key is hashed with MurmurHash3 first.
+/// `RoutingKey::hash.to_be_bytes()` gives it. Any other key is hashed with MurmurHash3 first.
 pub fn point_of(key: &[u8]) -> u64 {
     match <[u8; 8]>::try_from(key) {
         Ok(bytes) => u64::from_be_bytes(bytes),
