@@ -207,7 +207,13 @@ async fn run_policy(policy: &'static str) -> PolicyResult {
     .collect();
     let (_sims, gpus) = start_sims(GPUS, &sim_args).await;
     let extra = format!("routing: {{policy: {policy}}}\nhealth_check: {{enabled: false}}\n");
-    let (_lb, lb, _admin) = start_lb(&gpus, Some(32), &extra).await;
+    // The access log stays on, as by default: its cost is part of what is measured.
+    let proxy = start_proxy(&format!(
+        "{}{extra}",
+        peers_yaml_at(gpus.iter().copied(), Some(32))
+    ))
+    .await;
+    let lb = proxy.addr;
     let c = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()

@@ -111,7 +111,12 @@ fn median(v: &[f64]) -> f64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let upstream = trivial_upstream().await;
-    let (_lb, lb, _admin) = start_lb(&[upstream], None, "health_check: {enabled: false}\n").await;
+    let proxy = start_proxy(&format!(
+        "{}health_check: {{enabled: false}}\n",
+        peers_yaml_at([upstream], None)
+    ))
+    .await;
+    let lb = proxy.addr;
     // Warm both paths (connection pools, caches) before measuring.
     closed_loop(upstream).await;
     closed_loop(lb).await;

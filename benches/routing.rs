@@ -19,7 +19,7 @@ fn specs(n: usize) -> Vec<PeerSpec> {
             addr: format!("10.2.{}.{}:8000", i / 250, i % 250 + 1)
                 .parse()
                 .unwrap(),
-            weight: 1,
+            weight: Weight::ONE,
             max_in_flight: 64,
         })
         .collect()

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release --example ring_balance`
 
-use prefixlb::routing::{Cluster, PeerSpec, RingConfig, UNLIMITED};
+use prefixlb::routing::{Cluster, PeerSpec, RingConfig, Weight, UNLIMITED};
 
 fn main() {
     const SWEEP: u64 = 2_000_000;
@@ -18,7 +18,7 @@ fn main() {
                         addr: format!("10.{trial}.{}.{}:8000", i / 250, i % 250 + 1)
                             .parse()
                             .expect("literal address"),
-                        weight: 1,
+                        weight: Weight::ONE,
                         max_in_flight: UNLIMITED,
                     })
                     .collect();

@@ -5,9 +5,10 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AccessLogFormat {
+    #[default]
     Plain,
     Json,
     Off,

@@ -9,4 +9,4 @@ pub mod metrics;
 pub mod proxy;
 pub mod router;
 pub mod routing;
-pub mod sim;
+pub mod settings;

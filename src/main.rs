@@ -10,33 +10,12 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
-use prefixlb::access_log::AccessLog;
 use prefixlb::admin::Admin;
-use prefixlb::config::Config;
 use prefixlb::control::source::PeerSource;
 use prefixlb::control::ControlPlane;
 use prefixlb::proxy::PrefixLb;
 use prefixlb::router::Router;
-
-/// Reads the peer source once, on a runtime of its own (the DNS resolver's sockets belong to the
-/// runtime they were made on, so the control plane makes its own).
-fn initial_peers(
-    config: &Config,
-    path: &std::path::Path,
-) -> Result<Vec<prefixlb::routing::PeerSpec>, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    runtime.block_on(async {
-        let mut source = PeerSource::from_config(config, path).map_err(|e| e.to_string())?;
-        let label = source.label();
-        match source.load(true).await {
-            Ok(specs) => Ok(specs.unwrap_or_default()),
-            Err(e) => Err(format!("{label}: {e}")),
-        }
-    })
-}
+use prefixlb::settings::Discovery;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -58,6 +37,19 @@ struct Cli {
     server: Opt,
 }
 
+/// Reads the peer source once, before serving, on a runtime of its own: the control plane's
+/// runtime does not exist yet.
+fn initial_peers(source: &mut PeerSource) -> Result<Vec<prefixlb::routing::PeerSpec>, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let loaded = runtime.block_on(source.load(true));
+    loaded
+        .map(Option::unwrap_or_default)
+        .map_err(|e| format!("{}: {e}", source.label()))
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let mut cli = Cli::parse();
@@ -65,94 +57,74 @@ fn main() -> ExitCode {
     if let Ok(absolute) = std::fs::canonicalize(&cli.lb_conf) {
         cli.lb_conf = absolute;
     }
-    let config = match Config::load(&cli.lb_conf) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("prefixlb: {}: {e}", cli.lb_conf.display());
-            return ExitCode::FAILURE;
-        }
-    };
+    let Err(e) = run(cli);
+    eprintln!("prefixlb: {e}");
+    ExitCode::FAILURE
+}
+
+/// Serves until the process is told to stop; returns only what kept it from starting.
+fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
+    let lb_conf = cli.lb_conf.clone();
+    let in_file = |e: &dyn std::fmt::Display| format!("{}: {e}", lb_conf.display());
+    let settings = prefixlb::config::load(&lb_conf).map_err(|e| in_file(&e))?;
     if let Some(conf) = &cli.server.conf {
-        if let Err(e) = ServerConf::load_from_yaml(conf) {
-            eprintln!("prefixlb: {conf}: {e}");
-            return ExitCode::FAILURE;
-        }
+        ServerConf::load_from_yaml(conf).map_err(|e| format!("{conf}: {e}"))?;
     }
-    let router = match Router::from_config(&config) {
-        Ok(r) => Arc::new(r),
-        Err(e) => {
-            eprintln!("prefixlb: {}: {e}", cli.lb_conf.display());
-            return ExitCode::FAILURE;
-        }
-    };
+    let router = Arc::new(Router::new(settings.router.clone(), &settings.peers));
+    let mut source = PeerSource::new(&settings.discovery, &lb_conf).map_err(|e| in_file(&e))?;
     // Peers from a peers file or DNS are there before the first request, not at the control
     // plane's first tick: after an upgrade, the new process serves at once.
-    if config.discovery.peers_file.is_some() || config.discovery.dns.is_some() {
-        match initial_peers(&config, &cli.lb_conf) {
-            Ok(specs) => router.set_peers(&specs),
-            Err(e) if config.discovery.dns.is_some() && !cli.server.test => {
+    if !matches!(settings.discovery, Discovery::ConfigFile { .. }) {
+        match initial_peers(&mut source) {
+            Ok(specs) => {
+                router.set_peers(specs);
+            }
+            Err(e) if matches!(settings.discovery, Discovery::Dns(_)) && !cli.server.test => {
                 log::warn!("no peers from DNS yet, starting without: {e}");
             }
-            Err(e) => {
-                eprintln!("prefixlb: {e}");
-                return ExitCode::FAILURE;
-            }
+            Err(e) => return Err(e),
         }
     }
     if cli.server.test {
-        println!("prefixlb: {} is valid", cli.lb_conf.display());
+        println!("prefixlb: {} is valid", lb_conf.display());
     }
-    let mut server = match Server::new(Some(cli.server)) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("prefixlb: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let mut server = Server::new(Some(cli.server)).map_err(|e| e.to_string())?;
     // With -t, Pingora exits here once its own configuration has loaded.
     server.bootstrap();
 
     let mut proxy = prefixlb::proxy::service::proxy_service(
         &server.configuration,
-        PrefixLb::new(Arc::clone(&router), AccessLog::new(config.access_log)),
+        PrefixLb::new(Arc::clone(&router), settings.proxy.clone()),
     );
-    for addr in &config.listen {
-        proxy.add_tcp(addr);
+    for addr in &settings.listen {
+        proxy.add_tcp(&addr.to_string());
     }
     server.add_service(proxy);
-    if let Err(e) = prefixlb::metrics::register(Arc::clone(&router)) {
-        eprintln!("prefixlb: metrics: {e}");
-        return ExitCode::FAILURE;
-    }
-    let source = match PeerSource::from_config(&config, &cli.lb_conf) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("prefixlb: {}: {e}", cli.lb_conf.display());
-            return ExitCode::FAILURE;
-        }
-    };
-    match ControlPlane::new(Arc::clone(&router), source, &config.health_check) {
-        Ok(control) => {
-            server.add_service(background_service("control plane", control));
-        }
-        Err(e) => {
-            eprintln!("prefixlb: health check setup: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
-    if let Some(addr) = &config.admin.listen {
+    prefixlb::metrics::register(Arc::clone(&router)).map_err(|e| format!("metrics: {e}"))?;
+    let control = ControlPlane::new(Arc::clone(&router), source, settings.health_check.as_ref())
+        .map_err(|e| format!("health check setup: {e}"))?;
+    server.add_service(background_service("control plane", control));
+    if let Some(admin_settings) = &settings.admin {
         let mut admin = Service::new(
             "prefixlb admin".into(),
-            Admin::new(Arc::clone(&router), config.admin.token.clone()),
+            Admin::new(Arc::clone(&router), admin_settings.token.clone()),
         );
-        admin.add_tcp(addr);
+        admin.add_tcp(&admin_settings.listen.to_string());
         server.add_service(admin);
     }
     log::info!(
         "prefixlb: {} peers, policy {}, listening on {}",
         router.cluster().peers().len(),
         router.balance.policy.as_str(),
-        config.listen.join(", ")
+        listing(&settings.listen)
     );
     server.run_forever()
+}
+
+fn listing(addrs: &[std::net::SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

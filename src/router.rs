@@ -1,17 +1,18 @@
 //! The live routing state shared by the proxy, the admin listener and the control plane: the
-//! current cluster (swapped whole on a membership change) and the settings that do not change
-//! while the process runs.
+//! current cluster (swapped whole on a membership change), how keys are read and how peers are
+//! chosen. It reports what happened (an ejection, the peers that left) to its callers, which
+//! log and count it.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::config::{Config, ConfigError, UpstreamConfig};
-use crate::proxy::peek::PeekLimits;
 use crate::routing::{
-    Balance, Cluster, ClusterLoad, KeyExtractor, OutlierPolicy, PeerLoad, PeerSpec, QueueLimit,
+    canonical, Balance, Cluster, ClusterLoad, KeyExtractor, OutlierPolicy, Peer, PeerSpec,
     RingConfig,
 };
+use crate::settings::RouterSettings;
 
 pub struct Router {
     cluster: ArcSwap<Cluster>,
@@ -21,35 +22,31 @@ pub struct Router {
     load: Arc<ClusterLoad>,
     pub keys: KeyExtractor,
     pub balance: Balance,
-    pub ring: RingConfig,
-    pub queue: QueueLimit,
-    pub peek: PeekLimits,
-    pub upstream: UpstreamConfig,
-    pub outlier: OutlierPolicy,
+    ring: RingConfig,
+    outlier: OutlierPolicy,
+}
+
+/// What a change of the peer list did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MembershipChange {
+    /// The peers now, in address order.
+    pub peers: usize,
+    /// Identities of the peers that left.
+    pub removed: Vec<String>,
 }
 
 impl Router {
-    pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
-        let ring = config.ring();
-        let cluster = Cluster::new(&config.peer_specs()?, ring);
-        Ok(Self {
+    pub fn new(settings: RouterSettings, peers: &[PeerSpec]) -> Self {
+        let cluster = Cluster::new(peers, settings.ring);
+        Self {
             load: Arc::clone(cluster.load()),
             cluster: ArcSwap::from_pointee(cluster),
             membership: Mutex::new(()),
-            keys: KeyExtractor::new(config.key_config()),
-            balance: config.balance(),
-            ring,
-            queue: QueueLimit {
-                max_waiting: config.queue.max_waiting,
-                timeout: config.queue.timeout(),
-            },
-            peek: PeekLimits {
-                peek_limit: config.routing.peek_limit_bytes,
-                max_body: config.limits.max_body_bytes,
-            },
-            upstream: config.upstream.clone(),
-            outlier: config.outlier(),
-        })
+            keys: KeyExtractor::new(settings.keys),
+            balance: settings.balance,
+            ring: settings.ring,
+            outlier: settings.outlier,
+        }
     }
 
     /// The cluster as it is now. Hold it only for one decision: a swap may replace it.
@@ -62,36 +59,42 @@ impl Router {
         &self.load
     }
 
-    /// Counts a failed request (connect error or 5xx) against `peer`, ejecting it when it
-    /// keeps failing.
-    pub fn peer_failed(&self, peer: &PeerLoad) {
-        if let Some(backoff) = peer.record_failure(&self.outlier) {
-            crate::metrics::PEER_EJECTIONS
-                .with_label_values(&[peer.id()])
-                .inc();
-            log::warn!(
-                "ejecting peer {} for {backoff:?}: repeated failures",
-                peer.id()
-            );
-            self.cluster().refresh();
-        }
+    /// Counts a failed request (connect error or 5xx) against `peer`. Returns the ejection
+    /// it caused, if it caused one.
+    pub fn peer_failed(&self, peer: &Peer) -> Option<Duration> {
+        let backoff = peer.record_failure(&self.outlier)?;
+        self.cluster().refresh();
+        Some(backoff)
     }
 
     /// Replaces the peers: survivors keep their counts, health and drain state; removed peers
-    /// take no new requests and finish the ones they have.
-    pub fn set_peers(&self, specs: &[PeerSpec]) {
+    /// take no new requests and finish the ones they have. `None` when the list is the one
+    /// the router has already.
+    pub fn set_peers(&self, specs: Vec<PeerSpec>) -> Option<MembershipChange> {
+        let specs = canonical(specs);
         let _one_at_a_time = self.membership.lock().unwrap_or_else(|p| p.into_inner());
         let previous = self.cluster.load_full();
-        let next = previous.rebuild(specs, self.ring);
-        for gone in previous
+        if previous
+            .peers()
+            .iter()
+            .map(|p| p.spec())
+            .eq(specs.iter().cloned())
+        {
+            return None;
+        }
+        let next = previous.rebuild(&specs, self.ring);
+        let removed = previous
             .peers()
             .iter()
             .filter(|p| next.peer(p.id()).is_none())
-        {
-            crate::metrics::forget_peer(gone.id());
-        }
+            .map(|p| p.id().to_owned())
+            .collect();
         self.cluster.store(Arc::new(next));
         // New peers are capacity the waiting line may take.
         self.load.waiters().wake_front();
+        Some(MembershipChange {
+            peers: specs.len(),
+            removed,
+        })
     }
 }

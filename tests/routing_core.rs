@@ -16,7 +16,7 @@ fn spec(i: usize, weight: u32, max_in_flight: u32) -> PeerSpec {
         addr: format!("10.1.{}.{}:8000", i / 250, i % 250 + 1)
             .parse()
             .unwrap(),
-        weight,
+        weight: Weight::new(weight).unwrap(),
         max_in_flight,
     }
 }

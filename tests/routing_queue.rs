@@ -9,7 +9,7 @@ use prefixlb::routing::*;
 fn one_slot_cluster() -> Arc<Cluster> {
     let spec = PeerSpec {
         addr: "10.0.0.1:8000".parse().unwrap(),
-        weight: 1,
+        weight: Weight::ONE,
         max_in_flight: 1,
     };
     Arc::new(Cluster::new(&[spec], RingConfig::default()))
@@ -181,12 +181,12 @@ async fn a_peer_coming_back_wakes_the_line() {
     let specs = vec![
         PeerSpec {
             addr: "10.0.0.1:8000".parse().unwrap(),
-            weight: 1,
+            weight: Weight::ONE,
             max_in_flight: 1,
         },
         PeerSpec {
             addr: "10.0.0.2:8000".parse().unwrap(),
-            weight: 1,
+            weight: Weight::ONE,
             max_in_flight: 1,
         },
     ];

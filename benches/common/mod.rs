@@ -1,104 +1,58 @@
-//! Processes for the cluster benchmarks: gpu-sim and prefixlb, built by cargo for this bench,
-//! on free loopback ports, killed when dropped.
+//! What only the benchmarks need: simulated GPUs served in this process, and the numbers.
+//! Starting prefixlb, free ports and mock servers come from the tests' support module.
 
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpListener};
+#[path = "../../tests/common/mod.rs"]
+mod support;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-pub struct Proc {
-    child: Child,
-    _dir: Option<tempfile::TempDir>,
+use clap::Parser;
+pub use support::*;
+
+/// Simulated GPUs on a runtime of their own, as a separate process would have; stopped when
+/// dropped.
+pub struct Sims {
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
-impl Drop for Proc {
+impl Drop for Sims {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
-pub fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-async fn wait_listening(addr: SocketAddr, what: &str) {
-    let start = Instant::now();
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{what} did not start on {addr}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// `n` simulated GPUs in one gpu-sim process, with `args` for the model.
-pub async fn start_sims(n: usize, args: &[String]) -> (Proc, Vec<SocketAddr>) {
+/// `n` simulated GPUs, with gpu-sim's command-line `args` for the model.
+pub async fn start_sims(n: usize, args: &[String]) -> (Sims, Vec<SocketAddr>) {
     let addrs: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpu-sim"));
+    let mut argv = vec!["gpu-sim".to_owned()];
     for a in &addrs {
-        cmd.arg("--listen").arg(a.to_string());
+        argv.extend(["--listen".to_owned(), a.to_string()]);
     }
-    let child = cmd.args(args).stderr(Stdio::null()).spawn().unwrap();
+    argv.extend_from_slice(args);
+    let args = gpu_sim::cli::Args::parse_from(argv);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.spawn(async move {
+        if let Err(e) = gpu_sim::cli::serve(args).await {
+            eprintln!("gpu-sim: {e}");
+        }
+    });
     for a in &addrs {
         wait_listening(*a, "gpu-sim").await;
     }
-    (Proc { child, _dir: None }, addrs)
-}
-
-/// prefixlb in front of `peers`, with `extra` YAML (routing, queue, ...) appended.
-pub async fn start_lb(
-    peers: &[SocketAddr],
-    max_in_flight: Option<u32>,
-    extra: &str,
-) -> (Proc, SocketAddr, SocketAddr) {
-    let dir = tempfile::tempdir().unwrap();
-    let (addr, admin) = (free_addr(), free_addr());
-    // The access log stays on, as by default: its cost is part of what is measured.
-    let mut yaml = format!("listen: [\"{addr}\"]\nadmin: {{listen: \"{admin}\"}}\npeers:\n");
-    for p in peers {
-        yaml.push_str(&format!("  - addr: \"{p}\"\n"));
-        if let Some(m) = max_in_flight {
-            yaml.push_str(&format!("    max_in_flight: {m}\n"));
-        }
-    }
-    yaml.push_str(extra);
-    let lb = dir.path().join("prefixlb.yaml");
-    std::fs::write(&lb, yaml).unwrap();
-    let pingora = dir.path().join("pingora.yaml");
-    std::fs::write(
-        &pingora,
-        format!(
-            "version: 1\nthreads: 2\npid_file: {d}/p.pid\nupgrade_sock: {d}/u.sock\n",
-            d = dir.path().display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_prefixlb"))
-        .arg("-l")
-        .arg(&lb)
-        .arg("-c")
-        .arg(&pingora)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(out_dir().join("prefixlb.stderr")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_listening(addr, "prefixlb").await;
-    wait_listening(admin, "prefixlb admin").await;
     (
-        Proc {
-            child,
-            _dir: Some(dir),
+        Sims {
+            runtime: Some(runtime),
         },
-        addr,
-        admin,
+        addrs,
     )
 }
 

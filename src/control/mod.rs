@@ -23,9 +23,10 @@ use pingora_load_balancing::health_check::HttpHealthCheck;
 use pingora_load_balancing::{Backend, Backends, HealthRegistry};
 use tokio::sync::Mutex;
 
-use crate::config::{ConfigError, HealthCheckConfig};
+use crate::config::ConfigError;
 use crate::metrics;
 use crate::router::Router;
+use crate::settings::HealthCheck;
 use source::PeerSource;
 
 pub struct ControlPlane {
@@ -56,26 +57,23 @@ impl ControlPlane {
     pub fn new(
         router: Arc<Router>,
         source: PeerSource,
-        health: &HealthCheckConfig,
+        health: Option<&HealthCheck>,
     ) -> pingora::Result<Self> {
         let registry = Arc::new(HealthRegistry::with_equivalence(address_key));
-        let health = if health.enabled {
+        let health = if let Some(health) = health {
             let mut check = HttpHealthCheck::new("prefixlb", false);
             let mut req = RequestHeader::build("GET", health.path.as_bytes(), None)?;
             req.insert_header("host", "prefixlb")?;
             check.req = req;
             check.consecutive_success = health.healthy_after;
             check.consecutive_failure = health.unhealthy_after;
-            let timeout = Duration::from_millis(health.timeout_ms);
+            let timeout = health.timeout;
             check.peer_template.options.connection_timeout = Some(timeout);
             check.peer_template.options.total_connection_timeout = Some(timeout);
             check.peer_template.options.read_timeout = Some(timeout);
             check.peer_template.options.write_timeout = Some(timeout);
             registry.set_health_check(Box::new(check));
-            Some((
-                Arc::clone(&registry),
-                Duration::from_millis(health.interval_ms),
-            ))
+            Some((Arc::clone(&registry), health.interval))
         } else {
             None
         };
@@ -96,25 +94,19 @@ impl ControlPlane {
         let loaded = source.load(force).await.inspect_err(|_| {
             metrics::RELOADS.with_label_values(&["error"]).inc();
         })?;
-        let Some(mut specs) = loaded else {
+        let Some(specs) = loaded else {
             return Ok(false);
         };
-        specs.sort_by_key(|s| s.addr);
-        let current: Vec<_> = self
-            .router
-            .cluster()
-            .peers()
-            .iter()
-            .map(|p| p.spec())
-            .collect();
-        if specs == current {
+        let Some(change) = self.router.set_peers(specs) else {
             metrics::RELOADS.with_label_values(&["unchanged"]).inc();
             return Ok(false);
-        }
+        };
         metrics::RELOADS.with_label_values(&["changed"]).inc();
-        self.router.set_peers(&specs);
+        for gone in &change.removed {
+            metrics::forget_peer(gone);
+        }
         self.sync_membership().await;
-        log::info!("peers from {}: now {} peers", source.label(), specs.len());
+        log::info!("peers from {}: now {} peers", source.label(), change.peers);
         Ok(true)
     }
 

@@ -8,15 +8,16 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::rr::RData;
 use hickory_resolver::TokioResolver;
 
-use crate::config::{Config, ConfigError, DnsConfig, DnsRecord, PeersFile};
-use crate::routing::{PeerSpec, MAX_WEIGHT, UNLIMITED};
+use crate::config::{self, ConfigError};
+use crate::routing::{PeerSpec, Weight};
+use crate::settings::{Discovery, Dns, DnsQuery};
 
 pub enum PeerSource {
     /// The `peers` section of prefixlb's own file.
     ConfigFile(FileSource),
     /// A file of its own.
     PeersFile(FileSource),
-    Dns(Box<DnsSource>),
+    Dns(DnsSource),
 }
 
 pub struct FileSource {
@@ -27,43 +28,48 @@ pub struct FileSource {
 }
 
 pub struct DnsSource {
-    config: DnsConfig,
-    resolver: TokioResolver,
+    settings: Dns,
 }
 
 impl PeerSource {
-    pub fn from_config(config: &Config, config_path: &Path) -> Result<Self, ConfigError> {
-        let interval = Duration::from_millis(config.discovery.reload_interval_ms);
-        if let Some(dns) = &config.discovery.dns {
-            return Ok(PeerSource::Dns(Box::new(DnsSource::new(dns.clone())?)));
-        }
-        let file = |path: &Path, last: Option<String>| FileSource {
+    pub fn new(discovery: &Discovery, config_path: &Path) -> Result<Self, ConfigError> {
+        let file = |path: &Path, interval: Duration| FileSource {
             path: path.to_owned(),
-            last,
+            last: None,
             interval,
         };
-        Ok(match &config.discovery.peers_file {
+        Ok(match discovery {
+            Discovery::Dns(dns) => {
+                let source = DnsSource {
+                    settings: dns.clone(),
+                };
+                // A resolver that cannot be built is a configuration error: say so at start.
+                source.resolver()?;
+                PeerSource::Dns(source)
+            }
             // Relative to where prefixlb started, not to / where a daemon runs.
-            Some(path) => PeerSource::PeersFile(file(
+            Discovery::PeersFile { path, interval } => PeerSource::PeersFile(file(
                 &std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()),
-                None,
+                *interval,
             )),
             // Parsed again at the first tick: an edit made since start-up is not lost.
-            None => PeerSource::ConfigFile(file(config_path, None)),
+            Discovery::ConfigFile { interval } => {
+                PeerSource::ConfigFile(file(config_path, *interval))
+            }
         })
     }
 
     pub fn label(&self) -> String {
         match self {
             PeerSource::ConfigFile(f) | PeerSource::PeersFile(f) => f.path.display().to_string(),
-            PeerSource::Dns(d) => format!("dns {}", d.config.name),
+            PeerSource::Dns(d) => format!("dns {}", d.settings.name),
         }
     }
 
     pub fn interval(&self) -> Duration {
         match self {
             PeerSource::ConfigFile(f) | PeerSource::PeersFile(f) => f.interval,
-            PeerSource::Dns(d) => Duration::from_millis(d.config.interval_ms),
+            PeerSource::Dns(d) => d.settings.interval,
         }
     }
 
@@ -81,9 +87,9 @@ impl PeerSource {
         // Peer hostnames resolve through the system's blocking resolver: off the runtime.
         let parsed = tokio::task::spawn_blocking(move || {
             if whole_config {
-                Config::parse(&text)?.peer_specs()
+                config::parse(&text).map(|s| s.peers)
             } else {
-                PeersFile::parse(&text)
+                config::parse_peers_file(&text)
             }
         })
         .await
@@ -106,9 +112,12 @@ impl FileSource {
 }
 
 impl DnsSource {
-    fn new(config: DnsConfig) -> Result<Self, ConfigError> {
+    /// A resolver for one round of lookups. Its sockets belong to the runtime it is built on,
+    /// and the first load runs on another runtime than the control plane: a resolver per round
+    /// keeps each on its own.
+    fn resolver(&self) -> Result<TokioResolver, ConfigError> {
         let provider = TokioRuntimeProvider::default();
-        let mut builder = match config.nameserver {
+        let mut builder = match self.settings.nameserver {
             Some(ns) => {
                 let mut udp = ConnectionConfig::udp();
                 udp.port = ns.port();
@@ -126,42 +135,30 @@ impl DnsSource {
         };
         // prefixlb asks again every interval: that, not the record TTL, is how fresh it is.
         builder.options_mut().cache_size = 0;
-        let resolver = builder.build().map_err(|e| {
+        builder.build().map_err(|e| {
             ConfigError::new("discovery.dns", format!("cannot build the resolver: {e}"))
-        })?;
-        Ok(Self { config, resolver })
+        })
     }
 
     async fn resolve(&self) -> Result<Vec<PeerSpec>, ConfigError> {
-        let c = &self.config;
+        let c = &self.settings;
+        let resolver = self.resolver()?;
         let fail = |e: hickory_resolver::net::NetError| {
             ConfigError::new("discovery.dns.name", format!("resolving {}: {e}", c.name))
         };
-        let max_in_flight = c.max_in_flight.unwrap_or(UNLIMITED);
+        let peer = |addr, weight| PeerSpec {
+            addr,
+            weight,
+            max_in_flight: c.max_in_flight,
+        };
         let mut specs = Vec::new();
-        match c.record {
-            DnsRecord::A => {
-                let port = c.port.unwrap_or_default();
-                for ip in self
-                    .resolver
-                    .lookup_ip(c.name.as_str())
-                    .await
-                    .map_err(fail)?
-                    .iter()
-                {
-                    specs.push(PeerSpec {
-                        addr: (ip, port).into(),
-                        weight: c.weight,
-                        max_in_flight,
-                    });
-                }
+        match c.query {
+            DnsQuery::A { port } => {
+                let ips = resolver.lookup_ip(c.name.as_str()).await.map_err(fail)?;
+                specs.extend(ips.iter().map(|ip| peer((ip, port).into(), c.weight)));
             }
-            DnsRecord::Srv => {
-                let lookup = self
-                    .resolver
-                    .srv_lookup(c.name.as_str())
-                    .await
-                    .map_err(fail)?;
+            DnsQuery::Srv => {
+                let lookup = resolver.srv_lookup(c.name.as_str()).await.map_err(fail)?;
                 let mut last_error = None;
                 for record in lookup.answers() {
                     let RData::SRV(srv) = &record.data else {
@@ -170,28 +167,21 @@ impl DnsSource {
                     // A target that does not resolve (a pod going away) is skipped, not a
                     // reason to ignore the others.
                     let target = srv.target.to_string();
-                    let ips = match self.resolver.lookup_ip(target.as_str()).await {
+                    let ips = match resolver.lookup_ip(target.as_str()).await {
                         Ok(ips) => ips,
                         Err(e) => {
                             last_error = Some(e);
                             continue;
                         }
                     };
-                    for ip in ips.iter() {
-                        specs.push(PeerSpec {
-                            addr: (ip, srv.port).into(),
-                            weight: u32::from(srv.weight).clamp(1, MAX_WEIGHT),
-                            max_in_flight,
-                        });
-                    }
+                    let weight = Weight::clamped(u64::from(srv.weight));
+                    specs.extend(ips.iter().map(|ip| peer((ip, srv.port).into(), weight)));
                 }
                 if let (true, Some(e)) = (specs.is_empty(), last_error) {
                     return Err(fail(e));
                 }
             }
         }
-        specs.sort_by_key(|s| s.addr);
-        specs.dedup_by_key(|s| s.addr);
         Ok(specs)
     }
 }

@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
+use pingora::{Error, ErrorSource, ErrorType};
 
 use crate::routing::Rejection;
 
@@ -138,3 +139,24 @@ impl ApiError {
 
 /// How long an answered connection keeps reading the client's unwanted body.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The status a proxy error is answered with; 0 when the client is gone.
+pub fn status_for(e: &Error) -> u16 {
+    match e.etype() {
+        ErrorType::HTTPStatus(code) => *code,
+        ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
+            if e.esource() == &ErrorSource::Upstream =>
+        {
+            504
+        }
+        _ => match e.esource() {
+            ErrorSource::Upstream => 502,
+            ErrorSource::Downstream => match e.etype() {
+                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                ErrorType::ReadTimedout => 408,
+                _ => 400,
+            },
+            ErrorSource::Internal | ErrorSource::Unset => 500,
+        },
+    }
+}

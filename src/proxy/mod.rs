@@ -7,94 +7,55 @@
 //! backstop, dropping the context) releases the slot when the response has ended or the client
 //! has gone.
 
+mod ctx;
 pub mod error;
 pub mod peek;
 pub mod service;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use pingora::prelude::*;
 use pingora::proxy::FailToProxy;
-use pingora::{Error, ErrorSource, ErrorType};
-
-use std::time::{Duration, Instant};
+use pingora::{Error, ErrorType};
 
 use crate::access_log::{AccessLog, Entry};
 use crate::metrics;
 use crate::router::Router;
-use crate::routing::{Decision, PeerLoad, Rejection, Route, Routed, RoutingKey, Slot};
-use error::ApiError;
+use crate::routing::{Decision, Peer, Rejection};
+use crate::settings::ProxySettings;
+use ctx::RequestCtx;
+use error::{status_for, ApiError};
 use peek::{declared_length, expects_continue, peek_key};
 
 pub struct PrefixLb {
     router: Arc<Router>,
+    settings: ProxySettings,
     access_log: AccessLog,
 }
 
 impl PrefixLb {
-    pub fn new(router: Arc<Router>, access_log: AccessLog) -> Self {
-        Self { router, access_log }
-    }
-}
-
-pub struct RequestCtx {
-    arrived: Instant,
-    /// When the current peer was chosen; the first-byte time counts from here.
-    chosen: Option<Instant>,
-    first_byte: Option<Duration>,
-    /// The status the upstream answered with, if it answered.
-    upstream_status: Option<u16>,
-    key: Option<RoutingKey>,
-    /// The slot of the peer this attempt goes to. Dropping the context releases it.
-    slot: Option<Slot>,
-    /// The peer of a slot released early, for the log line.
-    released: Option<Arc<PeerLoad>>,
-    route: Option<Route>,
-    /// Peers whose connect failed for this request; a retry skips them.
-    failed: Vec<Arc<PeerLoad>>,
-    /// Peeked bytes that Pingora will not replay: sent ahead of the first body chunk of every
-    /// attempt.
-    unreplayed: Option<Bytes>,
-    unreplayed_due: bool,
-    /// The client asked for 100 Continue and got it from here: the upstream must not be asked.
-    continued: bool,
-    /// The error to answer with, when a hook failed on purpose.
-    error: Option<ApiError>,
-}
-
-impl RequestCtx {
-    fn new() -> Self {
+    pub fn new(router: Arc<Router>, settings: ProxySettings) -> Self {
         Self {
-            arrived: Instant::now(),
-            chosen: None,
-            first_byte: None,
-            upstream_status: None,
-            key: None,
-            slot: None,
-            released: None,
-            route: None,
-            failed: Vec::new(),
-            unreplayed: None,
-            unreplayed_due: false,
-            continued: false,
-            error: None,
+            router,
+            access_log: AccessLog::new(settings.access_log),
+            settings,
         }
     }
 
-    fn take_slot(&mut self, routed: Routed) {
-        self.route = Some(routed.route);
-        self.slot = Some(routed.slot);
-        self.chosen = Some(Instant::now());
-    }
-
-    /// How the current peer was chosen, as the metrics and the access log name it.
-    fn route_label(&self) -> Option<&'static str> {
-        if !self.failed.is_empty() {
-            return Some("retry");
+    /// Counts a failed request against `peer`, and says so when that ejected it.
+    fn peer_failed(&self, peer: &Peer) {
+        if let Some(backoff) = self.router.peer_failed(peer) {
+            metrics::PEER_EJECTIONS
+                .with_label_values(&[peer.id()])
+                .inc();
+            log::warn!(
+                "ejecting peer {} for {backoff:?}: repeated failures",
+                peer.id()
+            );
         }
-        self.route.map(Route::as_str)
     }
 }
 
@@ -120,8 +81,9 @@ impl ProxyHttp for PrefixLb {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let router = &self.router;
-        if declared_length(session).is_some_and(|len| len > router.peek.max_body) {
-            ApiError::body_too_large(router.peek.max_body)
+        let limits = self.settings.peek;
+        if declared_length(session).is_some_and(|len| len > limits.max_body) {
+            ApiError::body_too_large(limits.max_body)
                 .send_and_close(session)
                 .await?;
             return Ok(true);
@@ -132,7 +94,7 @@ impl ProxyHttp for PrefixLb {
             .body_kind(&header.method, header.uri.path(), &header.headers)
             .is_some()
         {
-            match peek_key(session, &router.keys, router.peek).await? {
+            match peek_key(session, &router.keys, limits).await? {
                 Ok(peeked) => {
                     metrics::PEEKED_BYTES.inc_by(peeked.bytes as u64);
                     ctx.unreplayed = peeked.unreplayed;
@@ -160,7 +122,7 @@ impl ProxyHttp for PrefixLb {
         let admitted = router
             .load()
             .waiters()
-            .admit(router.queue, || {
+            .admit(self.settings.queue, || {
                 router.cluster().select(&router.balance, key.hash, &[])
             })
             .await;
@@ -203,13 +165,13 @@ impl ProxyHttp for PrefixLb {
         };
         // Each attempt's body starts again from the replayed bytes: put ours in front of them.
         ctx.unreplayed_due = ctx.unreplayed.is_some();
-        let up = &self.router.upstream;
+        let up = &self.settings.upstream;
         let mut peer = HttpPeer::new(slot.peer().addr(), false, String::new());
-        peer.options.connection_timeout = Some(up.connect_timeout());
-        peer.options.total_connection_timeout = Some(up.connect_timeout());
-        peer.options.read_timeout = Some(up.read_timeout());
-        peer.options.write_timeout = Some(up.write_timeout());
-        peer.options.idle_timeout = Some(up.idle_timeout());
+        peer.options.connection_timeout = Some(up.connect_timeout);
+        peer.options.total_connection_timeout = Some(up.connect_timeout);
+        peer.options.read_timeout = Some(up.read_timeout);
+        peer.options.write_timeout = Some(up.write_timeout);
+        peer.options.idle_timeout = Some(up.idle_timeout);
         Ok(Box::new(peer))
     }
 
@@ -224,11 +186,11 @@ impl ProxyHttp for PrefixLb {
             metrics::PEER_CONNECT_FAILURES
                 .with_label_values(&[slot.peer().id()])
                 .inc();
-            self.router.peer_failed(slot.peer());
+            self.peer_failed(slot.peer());
             ctx.failed.push(Arc::clone(slot.peer()));
         }
         // Nothing has reached the client yet, so another peer is safe to try.
-        e.set_retry(ctx.failed.len() <= self.router.upstream.connect_retries);
+        e.set_retry(ctx.failed.len() <= self.settings.upstream.connect_retries);
         e
     }
 
@@ -277,7 +239,7 @@ impl ProxyHttp for PrefixLb {
             // A 4xx is the client's problem (a prompt over the context length, say), not the
             // server's: only 5xx count against the peer.
             if upstream_response.status.is_server_error() {
-                self.router.peer_failed(slot.peer());
+                self.peer_failed(slot.peer());
             } else {
                 slot.peer().record_success();
             }
@@ -304,7 +266,7 @@ impl ProxyHttp for PrefixLb {
                 _ => front,
             });
         }
-        let limit = self.router.peek.max_body;
+        let limit = self.settings.peek.max_body;
         if session.body_bytes_read() > limit {
             return Err(fail(ctx, ApiError::body_too_large(limit)));
         }
@@ -401,26 +363,5 @@ impl ProxyHttp for PrefixLb {
             error_code: api.status,
             can_reuse_downstream: false,
         }
-    }
-}
-
-/// The status a proxy error is answered with; 0 when the client is gone.
-fn status_for(e: &Error) -> u16 {
-    match e.etype() {
-        ErrorType::HTTPStatus(code) => *code,
-        ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
-            if e.esource() == &ErrorSource::Upstream =>
-        {
-            504
-        }
-        _ => match e.esource() {
-            ErrorSource::Upstream => 502,
-            ErrorSource::Downstream => match e.etype() {
-                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
-                ErrorType::ReadTimedout => 408,
-                _ => 400,
-            },
-            ErrorSource::Internal | ErrorSource::Unset => 500,
-        },
     }
 }

@@ -19,6 +19,7 @@ use pingora::proxy::Session;
 
 use super::error::ApiError;
 use crate::routing::{BodyEnd, Extract, FallbackReason, KeyExtractor, RequestParts, RoutingKey};
+use crate::settings::PeekLimits;
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT`, private to pingora-core).
 pub const REPLAY_BUFFER: usize = 64 * 1024;
@@ -31,12 +32,6 @@ pub struct Peeked {
     /// The leading bytes read that Pingora's retry buffer does not hold: forwarding must send
     /// them first, on every attempt.
     pub unreplayed: Option<Bytes>,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct PeekLimits {
-    pub peek_limit: usize,
-    pub max_body: usize,
 }
 
 /// Reads the body of a prompt-carrying request until its key is complete, the body ends or a

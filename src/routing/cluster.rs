@@ -1,39 +1,31 @@
-//! The peers a router chooses from: one ring plus the live load of each peer on it.
+//! The peers a router chooses from: one ring plus the live load of each peer on it, and the
+//! choice itself ([`Cluster::select`]), which takes the chosen peer's slot in the same step.
 //!
 //! A cluster is immutable but for its atomics; a membership change builds a new one with
-//! [`Cluster::rebuild`], which hands every surviving peer's [`PeerLoad`] to the new ring.
+//! [`Cluster::rebuild`], which hands every surviving [`Peer`] to the new ring.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use pingora_load_balancing::Backend;
 
-use super::ring::{Ring, RingConfig, MAX_WEIGHT};
-use super::slots::{ClusterLoad, PeerLoad};
-
-/// One peer as configured or discovered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerSpec {
-    pub addr: SocketAddr,
-    pub weight: u32,
-    /// The fixed in-flight ceiling; [`super::slots::UNLIMITED`] for none.
-    pub max_in_flight: u32,
-}
+use super::peer::{canonical, ClusterLoad, Peer, PeerSpec, Slot};
+use super::policy::{Balance, BoundInputs, Decision, Policy, Route, Routed};
+use super::ring::{Ring, RingConfig};
 
 #[derive(Debug)]
 pub struct Cluster {
     ring: Ring,
     /// `peers[i]` is the load of `ring.peers()[i]`.
-    peers: Vec<Arc<PeerLoad>>,
+    peers: Vec<Arc<Peer>>,
     /// Removed peers whose last requests are still running; a peer added back resumes them.
-    retired: Vec<Weak<PeerLoad>>,
+    retired: Vec<Weak<Peer>>,
     load: Arc<ClusterLoad>,
     eligible_weight: AtomicU64,
     /// Peer indices repeated by weight and interleaved, for round robin.
-    pub(super) rotation: Vec<u32>,
-    pub(super) cursor: AtomicUsize,
+    rotation: Vec<u32>,
+    cursor: AtomicUsize,
 }
 
 impl Cluster {
@@ -44,7 +36,7 @@ impl Cluster {
     /// A cluster over `specs` that keeps the load, health and drain state of every peer that
     /// stays, marks the others removed, and lets their counts drain through their slots.
     pub fn rebuild(&self, specs: &[PeerSpec], ring: RingConfig) -> Self {
-        let mut known: HashMap<String, Arc<PeerLoad>> = self
+        let mut known: HashMap<String, Arc<Peer>> = self
             .retired
             .iter()
             .filter_map(Weak::upgrade)
@@ -67,30 +59,20 @@ impl Cluster {
         specs: &[PeerSpec],
         ring: RingConfig,
         load: Arc<ClusterLoad>,
-        mut known: HashMap<String, Arc<PeerLoad>>,
+        mut known: HashMap<String, Arc<Peer>>,
     ) -> Self {
-        let mut specs = specs.to_vec();
-        for s in &mut specs {
-            s.weight = s.weight.clamp(1, MAX_WEIGHT);
-        }
-        specs.sort_by_key(|s| s.addr);
-        specs.dedup_by_key(|s| s.addr);
-        let peers: Vec<Arc<PeerLoad>> = specs
+        let specs = canonical(specs.to_vec());
+        let peers: Vec<Arc<Peer>> = specs
             .iter()
             .map(|s| {
                 let id = s.addr.to_string();
                 match known.remove(&id) {
                     Some(p) => {
-                        p.set_limits(s.weight, s.max_in_flight);
+                        p.set_limits(s);
                         p.set_removed(false);
                         p
                     }
-                    None => Arc::new(PeerLoad::new(
-                        s.addr,
-                        s.weight,
-                        s.max_in_flight,
-                        Arc::clone(&load),
-                    )),
+                    None => Arc::new(Peer::new(s, Arc::clone(&load))),
                 }
             })
             .collect();
@@ -98,17 +80,17 @@ impl Cluster {
             .iter()
             .map(|s| Backend {
                 addr: pingora::protocols::l4::socket::SocketAddr::Inet(s.addr),
-                weight: s.weight.max(1) as usize,
+                weight: s.weight.get() as usize,
                 ext: Default::default(),
             })
             .collect();
-        let max_weight = specs.iter().map(|s| s.weight.max(1)).max().unwrap_or(0);
+        let max_weight = specs.iter().map(|s| s.weight.get()).max().unwrap_or(0);
         let rotation = (0..max_weight)
             .flat_map(|round| {
                 specs
                     .iter()
                     .enumerate()
-                    .filter(move |(_, s)| s.weight.max(1) > round)
+                    .filter(move |(_, s)| s.weight.get() > round)
                     .map(|(i, _)| i as u32)
             })
             .collect();
@@ -129,11 +111,11 @@ impl Cluster {
         &self.ring
     }
 
-    pub fn peers(&self) -> &[Arc<PeerLoad>] {
+    pub fn peers(&self) -> &[Arc<Peer>] {
         &self.peers
     }
 
-    pub fn peer(&self, id: &str) -> Option<&Arc<PeerLoad>> {
+    pub fn peer(&self, id: &str) -> Option<&Arc<Peer>> {
         self.peers.iter().find(|p| p.id() == id)
     }
 
@@ -161,7 +143,7 @@ impl Cluster {
         self.update(id, |p| p.set_draining(draining))
     }
 
-    fn update(&self, id: &str, f: impl FnOnce(&PeerLoad)) -> bool {
+    fn update(&self, id: &str, f: impl FnOnce(&Peer)) -> bool {
         let Some(peer) = self.peer(id) else {
             return false;
         };
@@ -191,5 +173,124 @@ impl Cluster {
             .map(|p| u64::from(p.weight()))
             .sum();
         self.eligible_weight.store(w, Ordering::Relaxed);
+    }
+
+    /// Chooses a peer for a request whose key is `hash` (`None`: spread by load), skipping the
+    /// peers in `excluded` (those that already failed this request), and takes its slot.
+    pub fn select(&self, balance: &Balance, hash: Option<u64>, excluded: &[Arc<Peer>]) -> Decision {
+        let usable = |p: &Arc<Peer>| p.eligible() && !excluded.iter().any(|e| Arc::ptr_eq(e, p));
+        match (balance.policy, hash) {
+            (Policy::ConsistentHash, Some(h)) => self.walk_select(h, usable, |p| Some(p.take())),
+            (Policy::BoundedConsistentHash, Some(h)) => {
+                self.walk_select(h, usable, |p| p.try_take(self.bound(balance, p)))
+            }
+            (Policy::RoundRobin, _) => self.round_robin(usable),
+            (Policy::LeastInFlight, _) | (_, None) => self.least_in_flight(usable),
+        }
+    }
+
+    /// The in-flight ceiling of `peer` under `balance`, in this cluster as it is now.
+    pub fn bound(&self, balance: &Balance, peer: &Peer) -> u32 {
+        balance.bound(BoundInputs {
+            max_in_flight: peer.max_in_flight(),
+            weight: peer.weight(),
+            total_in_flight: self.in_flight(),
+            eligible_weight: self.eligible_weight(),
+        })
+    }
+
+    fn walk_select(
+        &self,
+        hash: u64,
+        usable: impl Fn(&Arc<Peer>) -> bool,
+        take: impl Fn(&Arc<Peer>) -> Option<Slot>,
+    ) -> Decision {
+        let (mut steps, mut candidates) = (0, 0);
+        for idx in self.ring.walk(hash) {
+            steps += 1;
+            let peer = &self.peers[idx];
+            if !usable(peer) {
+                continue;
+            }
+            candidates += 1;
+            if let Some(slot) = take(peer) {
+                let route = if candidates == 1 {
+                    Route::Primary
+                } else {
+                    Route::Overflow
+                };
+                return Decision::Routed(Routed { slot, route, steps });
+            }
+        }
+        if candidates == 0 {
+            Decision::NoPeer
+        } else {
+            Decision::Saturated
+        }
+    }
+
+    fn round_robin(&self, usable: impl Fn(&Arc<Peer>) -> bool) -> Decision {
+        let n = self.rotation.len();
+        if n == 0 {
+            return Decision::NoPeer;
+        }
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let mut candidates = 0;
+        for i in 0..n {
+            let peer = &self.peers[self.rotation[(start + i) % n] as usize];
+            if !usable(peer) {
+                continue;
+            }
+            candidates += 1;
+            if let Some(slot) = peer.try_take(peer.max_in_flight()) {
+                return Decision::Routed(Routed {
+                    slot,
+                    route: Route::Balanced,
+                    steps: candidates,
+                });
+            }
+        }
+        if candidates == 0 {
+            Decision::NoPeer
+        } else {
+            Decision::Saturated
+        }
+    }
+
+    fn least_in_flight(&self, usable: impl Fn(&Arc<Peer>) -> bool) -> Decision {
+        // A lost race for the least-loaded peer's last slot looks again; a few tries suffice,
+        // since each lost race means another request made progress.
+        for _ in 0..4 {
+            let mut best: Option<&Arc<Peer>> = None;
+            let mut any = false;
+            for peer in self.peers.iter().filter(|p| usable(p)) {
+                any = true;
+                if peer.in_flight() >= peer.max_in_flight() {
+                    continue;
+                }
+                let lighter = best.is_none_or(|b| {
+                    u64::from(peer.in_flight()) * u64::from(b.weight())
+                        < u64::from(b.in_flight()) * u64::from(peer.weight())
+                });
+                if lighter {
+                    best = Some(peer);
+                }
+            }
+            let Some(peer) = best else {
+                return if any {
+                    Decision::Saturated
+                } else {
+                    Decision::NoPeer
+                };
+            };
+            if let Some(slot) = peer.try_take(peer.max_in_flight()) {
+                return Decision::Routed(Routed {
+                    slot,
+                    route: Route::Balanced,
+                    steps: 1,
+                });
+            }
+        }
+        Decision::Saturated
     }
 }

@@ -10,7 +10,7 @@
 //!
 //! let peers: Vec<PeerSpec> = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
 //!     .iter()
-//!     .map(|a| PeerSpec { addr: a.parse().unwrap(), weight: 1, max_in_flight: 8 })
+//!     .map(|a| PeerSpec { addr: a.parse().unwrap(), weight: Weight::ONE, max_in_flight: 8 })
 //!     .collect();
 //! let cluster = Cluster::new(&peers, RingConfig::default());
 //! let keys = KeyExtractor::default();
@@ -50,20 +50,27 @@
 //! assert_eq!(cluster.in_flight(), 0);
 //! ```
 
+//! The modules, bottom up (each uses only those above it): `queue` (the waiting line),
+//! `outlier`, `peer` (the live peer and its slots), `policy`, `hash`, `ring`, `cluster`
+//! (membership and selection), `prompt` (the walk over a JSON body), `key`.
+
 pub mod cluster;
 pub mod hash;
 pub mod key;
+pub mod outlier;
+pub mod peer;
+pub mod policy;
+mod prompt;
 pub mod queue;
 pub mod ring;
-pub mod select;
-pub mod slots;
 
-pub use cluster::{Cluster, PeerSpec};
+pub use cluster::Cluster;
 pub use key::{
     BodyEnd, BodyKind, Extract, Fallback, FallbackReason, KeyConfig, KeyExtractor, KeySource,
     RequestParts, RoutingKey,
 };
-pub use queue::{QueueLimit, Rejection, WaitQueue};
-pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT, MAX_WEIGHT};
-pub use select::{Balance, Decision, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR};
-pub use slots::{ClusterLoad, OutlierPolicy, PeerLoad, Slot, UNLIMITED};
+pub use outlier::OutlierPolicy;
+pub use peer::{canonical, ClusterLoad, Peer, PeerSpec, Slot, Weight, MAX_WEIGHT, UNLIMITED};
+pub use policy::{Balance, Decision, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR};
+pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitQueue};
+pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};

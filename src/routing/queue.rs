@@ -14,13 +14,36 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::select::{Decision, Routed};
+/// What one try at taking capacity gave, as the line reads it.
+#[derive(Debug)]
+pub enum Outcome<T> {
+    Taken(T),
+    /// Every unit is busy; a release may free one.
+    Busy,
+    /// Nothing will come of waiting.
+    Hopeless,
+}
+
+/// A try at taking capacity, whatever it takes: the line only needs its [`Outcome`].
+pub trait Attempt {
+    type Taken;
+    fn outcome(self) -> Outcome<Self::Taken>;
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueLimit {
     /// Waiters allowed at once; 0 rejects a saturated request at once.
     pub max_waiting: usize,
     pub timeout: Duration,
+}
+
+impl Default for QueueLimit {
+    fn default() -> Self {
+        Self {
+            max_waiting: 1024,
+            timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,19 +124,19 @@ impl WaitQueue {
         }
     }
 
-    /// Runs `select` until it routes the request, waiting in line while it reports the cluster
-    /// saturated. `select` is called again after every wake-up, so it may look at a cluster
-    /// rebuilt in the meantime. Returns the routed request and how long it waited.
-    pub async fn admit(
+    /// Runs `attempt` until it takes capacity, waiting in line while it reports every unit
+    /// busy. `attempt` is called again after every wake-up, so it may look at a cluster
+    /// rebuilt in the meantime. Returns what it took and how long it waited.
+    pub async fn admit<A: Attempt>(
         &self,
         limit: QueueLimit,
-        mut select: impl FnMut() -> Decision,
-    ) -> Result<(Routed, Duration), Rejection> {
+        mut attempt: impl FnMut() -> A,
+    ) -> Result<(A::Taken, Duration), Rejection> {
         if self.is_empty() {
-            match select() {
-                Decision::Routed(r) => return Ok((r, Duration::ZERO)),
-                Decision::NoPeer => return Err(Rejection::NoPeer),
-                Decision::Saturated => {}
+            match attempt().outcome() {
+                Outcome::Taken(t) => return Ok((t, Duration::ZERO)),
+                Outcome::Hopeless => return Err(Rejection::NoPeer),
+                Outcome::Busy => {}
             }
         }
         let me = Arc::new(Notify::new());
@@ -130,10 +153,10 @@ impl WaitQueue {
         let deadline = start + limit.timeout;
         loop {
             if self.is_front(&me) {
-                match select() {
-                    Decision::Routed(r) => return Ok((r, start.elapsed())),
-                    Decision::NoPeer => return Err(Rejection::NoPeer),
-                    Decision::Saturated => {}
+                match attempt().outcome() {
+                    Outcome::Taken(t) => return Ok((t, start.elapsed())),
+                    Outcome::Hopeless => return Err(Rejection::NoPeer),
+                    Outcome::Busy => {}
                 }
             }
             // A wake that came between the check above and this wait is kept by `Notify` as a

@@ -11,6 +11,7 @@ use pingora_load_balancing::selection::{BackendIter, BackendSelection};
 use pingora_load_balancing::Backend;
 
 use super::hash::murmur64;
+use super::peer::Weight;
 
 /// Virtual nodes per unit of weight. A peer's key share deviates from its weight share by about
 /// `1/sqrt(vnodes)` (one standard deviation), and the worst of N peers by a few of those: 160
@@ -18,10 +19,6 @@ use super::hash::murmur64;
 /// ring tests and `cargo run --release --example ring_balance` measure it). That costs 24 KiB
 /// of points per unit of weight.
 pub const DEFAULT_VNODES_PER_WEIGHT: u32 = 2048;
-
-/// The largest weight a peer may have: weights are relative, and this bounds a peer's ring
-/// points (weight × vnodes, 12 bytes each) and its share of the round-robin rotation.
-pub const MAX_WEIGHT: u32 = 100;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingConfig {
@@ -49,9 +46,10 @@ impl Ring {
     /// [`Ring::peers`].
     pub fn new(peers: Vec<Backend>, config: RingConfig) -> Self {
         // A peer's point count depends on its own weight alone, so that no membership change
-        // moves another peer's points.
+        // moves another peer's points. A backend's weight may come from Pingora's discovery,
+        // unchecked: it is bounded here like any other.
         let count = |p: &Backend| {
-            (p.weight as u64).clamp(1, u64::from(MAX_WEIGHT))
+            u64::from(Weight::clamped(p.weight as u64).get())
                 * u64::from(config.vnodes_per_weight.max(1))
         };
         let total: u64 = peers.iter().map(count).sum();

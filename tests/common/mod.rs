@@ -1,5 +1,6 @@
-//! Test harness: mock inference servers (a GPU server is the one peer we do not own) and the
-//! real `prefixlb` binary on ephemeral loopback ports.
+//! Test support, for the tests and the benchmarks alike (benches include this file): mock
+//! inference servers (a GPU server is the one peer we do not own) and the real `prefixlb`
+//! binary on ephemeral loopback ports.
 
 #![allow(dead_code)]
 
@@ -206,12 +207,27 @@ fn reply(name: &str, status: StatusCode, body: String) -> Response {
         .unwrap()
 }
 
-pub fn free_port() -> u16 {
+pub fn free_addr() -> SocketAddr {
     StdListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port()
+}
+
+pub fn free_port() -> u16 {
+    free_addr().port()
+}
+
+/// Waits (at most 20 s) until something accepts connections on `addr`.
+pub async fn wait_listening(addr: SocketAddr, what: &str) {
+    let start = Instant::now();
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what} did not start on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The real `prefixlb` binary, on its own ports, killed when dropped.
@@ -362,9 +378,17 @@ pub fn peers_yaml<U: std::borrow::Borrow<Upstream>>(
     ups: &[U],
     max_in_flight: Option<u32>,
 ) -> String {
+    peers_yaml_at(ups.iter().map(|u| u.borrow().addr), max_in_flight)
+}
+
+/// `peers:` YAML for servers at these addresses.
+pub fn peers_yaml_at(
+    addrs: impl IntoIterator<Item = SocketAddr>,
+    max_in_flight: Option<u32>,
+) -> String {
     let mut s = String::from("peers:\n");
-    for u in ups.iter().map(U::borrow) {
-        s.push_str(&format!("  - addr: \"{}\"\n", u.addr));
+    for addr in addrs {
+        s.push_str(&format!("  - addr: \"{addr}\"\n"));
         if let Some(m) = max_in_flight {
             s.push_str(&format!("    max_in_flight: {m}\n"));
         }

@@ -1,12 +1,13 @@
-//! `gpu-sim`: simulated OpenAI-compatible inference servers, one per `--listen` address, each
-//! its own GPU (prefix cache, prefill lane, decode batch). See `prefixlb::sim` for the model.
+//! The command line of `gpu-sim`, and serving what it asks for: one simulated GPU per
+//! `--listen` address. The benchmarks serve it in their own process through [`serve`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::serve::ListenerExt;
 use clap::Parser;
-use prefixlb::sim::{server, Gpu, SimConfig};
+
+use crate::{server, Gpu, SimConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -14,49 +15,54 @@ use prefixlb::sim::{server, Gpu, SimConfig};
     version,
     about = "Simulated LLM inference servers for prefixlb's demo and benchmarks"
 )]
-struct Cli {
+pub struct Args {
     /// An address to serve one simulated GPU on; repeat for more GPUs.
     #[arg(long = "listen", default_values = ["127.0.0.1:8001", "127.0.0.1:8002"])]
-    listen: Vec<SocketAddr>,
+    pub listen: Vec<SocketAddr>,
     /// The model name `/v1/models` reports.
     #[arg(long, default_value = "sim-llama-3-8b")]
-    model: String,
+    pub model: String,
     /// Prefix-cache capacity, in tokens.
     #[arg(long, default_value_t = SimConfig::default().cache_tokens)]
-    cache_tokens: usize,
+    pub cache_tokens: usize,
     #[arg(long, default_value_t = SimConfig::default().prefill_tokens_per_sec)]
-    prefill_tokens_per_sec: f64,
+    pub prefill_tokens_per_sec: f64,
     #[arg(long, default_value_t = SimConfig::default().decode_ms_per_token)]
-    decode_ms_per_token: f64,
+    pub decode_ms_per_token: f64,
     /// Extra decode time per token for each other running request, as a fraction.
     #[arg(long, default_value_t = SimConfig::default().batch_slowdown)]
-    batch_slowdown: f64,
+    pub batch_slowdown: f64,
     /// Requests running at once; more wait.
     #[arg(long, default_value_t = SimConfig::default().max_running)]
-    max_running: usize,
+    pub max_running: usize,
     /// Output tokens when a request names no `max_tokens`.
     #[arg(long, default_value_t = SimConfig::default().default_max_tokens)]
-    max_tokens: usize,
+    pub max_tokens: usize,
     /// Divides every duration: 10 runs ten times faster, ratios unchanged.
     #[arg(long, default_value_t = 1.0)]
-    speed: f64,
+    pub speed: f64,
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let cli = Cli::parse();
-    let config = SimConfig {
-        cache_tokens: cli.cache_tokens,
-        prefill_tokens_per_sec: cli.prefill_tokens_per_sec,
-        decode_ms_per_token: cli.decode_ms_per_token,
-        batch_slowdown: cli.batch_slowdown,
-        max_running: cli.max_running,
-        default_max_tokens: cli.max_tokens,
-        speed: cli.speed,
-        ..SimConfig::default()
-    };
+impl Args {
+    pub fn sim_config(&self) -> SimConfig {
+        SimConfig {
+            cache_tokens: self.cache_tokens,
+            prefill_tokens_per_sec: self.prefill_tokens_per_sec,
+            decode_ms_per_token: self.decode_ms_per_token,
+            batch_slowdown: self.batch_slowdown,
+            max_running: self.max_running,
+            default_max_tokens: self.max_tokens,
+            speed: self.speed,
+            ..SimConfig::default()
+        }
+    }
+}
+
+/// Serves every `--listen` address until one server fails.
+pub async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let config = args.sim_config();
     let mut servers = Vec::new();
-    for addr in cli.listen {
+    for addr in args.listen {
         // Each token is a small write: without TCP_NODELAY, Nagle's algorithm would hold one
         // back until the previous is acknowledged, adding tens of milliseconds.
         let listener = tokio::net::TcpListener::bind(addr).await?.tap_io(|tcp| {
@@ -65,9 +71,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let app = server::router(
             Arc::new(Gpu::new(config.clone())),
             addr.to_string(),
-            cli.model.clone(),
+            args.model.clone(),
         )?;
-        eprintln!("gpu-sim: {} serving {addr}", cli.model);
+        eprintln!("gpu-sim: {} serving {addr}", args.model);
         servers.push(tokio::spawn(
             async move { axum::serve(listener, app).await },
         ));

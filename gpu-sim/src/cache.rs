@@ -6,8 +6,6 @@ use std::num::NonZeroUsize;
 
 use lru::LruCache;
 
-use crate::routing::hash::murmur64;
-
 pub struct PrefixCache {
     blocks: LruCache<u64, ()>,
     capacity: usize,
@@ -19,6 +17,12 @@ pub struct Lookup {
     /// Leading full blocks already cached.
     pub hit_blocks: usize,
     pub total_blocks: usize,
+}
+
+/// MurmurHash3 x64_128 folded to 64 bits: a block's name, as an engine's own hash would give.
+fn murmur64(bytes: &[u8]) -> u64 {
+    let h = murmur3::murmur3_x64_128(&mut &bytes[..], 0).unwrap_or_default();
+    (h as u64) ^ ((h >> 64) as u64)
 }
 
 /// The chained hashes of a prompt's full blocks; a trailing partial block is never cached.

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use prefixlb::sim::{server, Gpu, SimConfig};
+use gpu_sim::{server, Gpu, SimConfig};
 use tokio::time::Instant;
 
 fn config() -> SimConfig {

@@ -20,6 +20,7 @@
 //! with the same ratios.
 
 pub mod cache;
+pub mod cli;
 pub mod server;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

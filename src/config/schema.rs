@@ -1,0 +1,307 @@
+//! The file as users write it. Each section's defaults are read from the settings type it
+//! becomes, so a default is defined once; `convert` checks the values and turns them into
+//! [`crate::settings::Settings`]. Nothing here outlives start-up or a reload.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::access_log::AccessLogFormat;
+use crate::routing::{
+    Balance, Fallback, KeyConfig, KeySource, OutlierPolicy, Policy, QueueLimit, RingConfig, Weight,
+};
+use crate::settings::{self, AdminSettings, Discovery, Dns, PeekLimits, Settings};
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+fn weight_one() -> u32 {
+    Weight::ONE.get()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct File {
+    pub listen: Vec<String>,
+    pub peers: Vec<Peer>,
+    pub routing: Routing,
+    pub queue: Queue,
+    pub limits: Limits,
+    pub upstream: Upstream,
+    pub admin: Admin,
+    pub discovery: DiscoveryFile,
+    pub health_check: HealthCheck,
+    pub outlier: Outlier,
+    /// One line per request on standard output: plain, json or off.
+    pub access_log: AccessLogFormat,
+}
+
+impl Default for File {
+    fn default() -> Self {
+        Self {
+            listen: vec![Settings::DEFAULT_LISTEN.into()],
+            peers: Vec::new(),
+            routing: Routing::default(),
+            queue: Queue::default(),
+            limits: Limits::default(),
+            upstream: Upstream::default(),
+            admin: Admin::default(),
+            discovery: DiscoveryFile::default(),
+            health_check: HealthCheck::default(),
+            outlier: Outlier::default(),
+            access_log: AccessLogFormat::default(),
+        }
+    }
+}
+
+/// A peers file: just the peers.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PeersFile {
+    pub peers: Vec<Peer>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Peer {
+    /// `ip:port`, or `host:port` resolved once at load.
+    pub addr: String,
+    #[serde(default = "weight_one")]
+    pub weight: u32,
+    /// Fixed in-flight ceiling; absent for none.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Routing {
+    pub policy: Policy,
+    /// `c` of the balance bound; `null` for none (only `max_in_flight` then).
+    pub balance_factor: Option<f64>,
+    pub vnodes_per_weight: u32,
+    /// How much of a prompt-carrying body is read, at most, to find its key.
+    pub peek_limit_bytes: usize,
+    pub key: Key,
+}
+
+impl Default for Routing {
+    fn default() -> Self {
+        let balance = Balance::default();
+        Self {
+            policy: balance.policy,
+            balance_factor: balance.balance_factor,
+            vnodes_per_weight: RingConfig::default().vnodes_per_weight,
+            peek_limit_bytes: PeekLimits::default().peek_limit,
+            key: Key::default(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Key {
+    /// Which of session_header, chat, completions and generate may give a key.
+    pub sources: Vec<KeySource>,
+    pub session_header: String,
+    pub prefix_chars: usize,
+    pub fallback: Fallback,
+    pub chat_path: String,
+    pub completions_path: String,
+    pub generate_path: String,
+}
+
+impl Default for Key {
+    fn default() -> Self {
+        let k = KeyConfig::default();
+        let path = |p: Option<String>| p.unwrap_or_default();
+        Self {
+            sources: vec![
+                KeySource::SessionHeader,
+                KeySource::Chat,
+                KeySource::Completions,
+                KeySource::Generate,
+            ],
+            session_header: k
+                .session_header
+                .map(|h| h.as_str().to_owned())
+                .unwrap_or_default(),
+            prefix_chars: k.prefix_chars,
+            fallback: k.fallback,
+            chat_path: path(k.chat_path),
+            completions_path: path(k.completions_path),
+            generate_path: path(k.generate_path),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Queue {
+    /// Requests that may wait for a slot when every peer is at its bound; 0 rejects at once.
+    pub max_waiting: usize,
+    pub timeout_ms: u64,
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        let q = QueueLimit::default();
+        Self {
+            max_waiting: q.max_waiting,
+            timeout_ms: ms(q.timeout),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: PeekLimits::default().max_body,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Upstream {
+    pub connect_timeout_ms: u64,
+    pub read_timeout_ms: u64,
+    pub write_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub connect_retries: usize,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        let u = settings::Upstream::default();
+        Self {
+            connect_timeout_ms: ms(u.connect_timeout),
+            read_timeout_ms: ms(u.read_timeout),
+            write_timeout_ms: ms(u.write_timeout),
+            idle_timeout_ms: ms(u.idle_timeout),
+            connect_retries: u.connect_retries,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Admin {
+    /// `null` turns the admin listener off.
+    pub listen: Option<String>,
+    pub token: Option<String>,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        let a = AdminSettings::default();
+        Self {
+            listen: Some(a.listen.to_string()),
+            token: a.token,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoveryFile {
+    pub peers_file: Option<PathBuf>,
+    /// How often a peers file (or this file) is checked for changes.
+    pub reload_interval_ms: u64,
+    pub dns: Option<DnsFile>,
+}
+
+impl Default for DiscoveryFile {
+    fn default() -> Self {
+        Self {
+            peers_file: None,
+            reload_interval_ms: ms(Discovery::DEFAULT_INTERVAL),
+            dns: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DnsRecord {
+    #[default]
+    A,
+    Srv,
+}
+
+fn dns_interval_ms() -> u64 {
+    ms(Dns::DEFAULT_INTERVAL)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsFile {
+    pub name: String,
+    #[serde(default)]
+    pub record: DnsRecord,
+    /// The port of every address (A/AAAA records).
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default = "dns_interval_ms")]
+    pub interval_ms: u64,
+    #[serde(default)]
+    pub nameserver: Option<SocketAddr>,
+    #[serde(default = "weight_one")]
+    pub weight: u32,
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthCheck {
+    pub enabled: bool,
+    pub path: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub healthy_after: usize,
+    pub unhealthy_after: usize,
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        let h = settings::HealthCheck::default();
+        Self {
+            enabled: true,
+            path: h.path,
+            interval_ms: ms(h.interval),
+            timeout_ms: ms(h.timeout),
+            healthy_after: h.healthy_after,
+            unhealthy_after: h.unhealthy_after,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Outlier {
+    /// 0 turns ejection off.
+    pub consecutive_failures: u32,
+    pub base_ejection_ms: u64,
+    pub max_ejection_ms: u64,
+}
+
+impl Default for Outlier {
+    fn default() -> Self {
+        let o = OutlierPolicy::default();
+        Self {
+            consecutive_failures: o.consecutive_failures,
+            base_ejection_ms: ms(o.base_ejection),
+            max_ejection_ms: ms(o.max_ejection),
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! What the proxy keeps of one request between Pingora's hooks.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::error::ApiError;
+use crate::routing::{Peer, Route, Routed, RoutingKey, Slot};
+
+pub struct RequestCtx {
+    pub(super) arrived: Instant,
+    /// When the current peer was chosen; the first-byte time counts from here.
+    pub(super) chosen: Option<Instant>,
+    pub(super) first_byte: Option<Duration>,
+    /// The status the upstream answered with, if it answered.
+    pub(super) upstream_status: Option<u16>,
+    pub(super) key: Option<RoutingKey>,
+    /// The slot of the peer this attempt goes to. Dropping the context releases it.
+    pub(super) slot: Option<Slot>,
+    /// The peer of a slot released early, for the log line.
+    pub(super) released: Option<Arc<Peer>>,
+    pub(super) route: Option<Route>,
+    /// Peers whose connect failed for this request; a retry skips them.
+    pub(super) failed: Vec<Arc<Peer>>,
+    /// Peeked bytes that Pingora will not replay: sent ahead of the first body chunk of every
+    /// attempt.
+    pub(super) unreplayed: Option<Bytes>,
+    pub(super) unreplayed_due: bool,
+    /// The client asked for 100 Continue and got it from here: the upstream must not be asked.
+    pub(super) continued: bool,
+    /// The error to answer with, when a hook failed on purpose.
+    pub(super) error: Option<ApiError>,
+}
+
+impl RequestCtx {
+    pub(super) fn new() -> Self {
+        Self {
+            arrived: Instant::now(),
+            chosen: None,
+            first_byte: None,
+            upstream_status: None,
+            key: None,
+            slot: None,
+            released: None,
+            route: None,
+            failed: Vec::new(),
+            unreplayed: None,
+            unreplayed_due: false,
+            continued: false,
+            error: None,
+        }
+    }
+
+    pub(super) fn take_slot(&mut self, routed: Routed) {
+        self.route = Some(routed.route);
+        self.slot = Some(routed.slot);
+        self.chosen = Some(Instant::now());
+    }
+
+    /// How the current peer was chosen, as the metrics and the access log name it.
+    pub(super) fn route_label(&self) -> Option<&'static str> {
+        if !self.failed.is_empty() {
+            return Some("retry");
+        }
+        self.route.map(Route::as_str)
+    }
+}

@@ -1,0 +1,317 @@
+//! The live peer: what it carries, what it may carry, whether it may be chosen, and the RAII
+//! [`Slot`] that counts one request on it.
+//!
+//! A [`Peer`] is keyed by its address and outlives any one ring: a rebuild hands the same `Arc`
+//! to the new ring, so a peer that stays keeps its count, and a removed peer's count drains
+//! through the slots that still hold it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::outlier::{Outlier, OutlierPolicy};
+use super::queue::WaitQueue;
+
+/// The largest weight a peer may have: weights are relative, and this bounds a peer's ring
+/// points (weight × vnodes, 12 bytes each) and its share of the round-robin rotation.
+pub const MAX_WEIGHT: u32 = 100;
+
+/// `max_in_flight` of a peer that has no fixed ceiling.
+pub const UNLIMITED: u32 = u32::MAX;
+
+/// A peer's relative share of keys and load: from 1 to [`MAX_WEIGHT`], by construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Weight(u8);
+
+impl Weight {
+    pub const ONE: Weight = Weight(1);
+
+    /// `None` outside 1..=[`MAX_WEIGHT`].
+    pub fn new(weight: u32) -> Option<Self> {
+        (1..=MAX_WEIGHT)
+            .contains(&weight)
+            .then_some(Weight(weight as u8))
+    }
+
+    /// The nearest weight, for weights set by others (SRV records, Pingora backends) where
+    /// refusing the peer would be worse than bounding it.
+    pub fn clamped(weight: u64) -> Self {
+        Weight(weight.clamp(1, u64::from(MAX_WEIGHT)) as u8)
+    }
+
+    pub fn get(self) -> u32 {
+        u32::from(self.0)
+    }
+}
+
+/// One peer as configured or discovered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSpec {
+    pub addr: SocketAddr,
+    pub weight: Weight,
+    /// The fixed in-flight ceiling; [`UNLIMITED`] for none.
+    pub max_in_flight: u32,
+}
+
+/// Peers in address order, each address once (the first listing wins): the one order every
+/// cluster and every comparison of peer lists uses.
+pub fn canonical(mut specs: Vec<PeerSpec>) -> Vec<PeerSpec> {
+    specs.sort_by_key(|s| s.addr);
+    specs.dedup_by_key(|s| s.addr);
+    specs
+}
+
+/// Load shared by every peer of a router, across ring rebuilds.
+#[derive(Debug, Default)]
+pub struct ClusterLoad {
+    in_flight: AtomicU64,
+    waiters: WaitQueue,
+}
+
+impl ClusterLoad {
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests waiting for a slot; every release wakes the first of them.
+    pub fn waiters(&self) -> &WaitQueue {
+        &self.waiters
+    }
+}
+
+#[derive(Debug)]
+pub struct Peer {
+    addr: SocketAddr,
+    id: String,
+    weight: AtomicU8,
+    max_in_flight: AtomicU32,
+    in_flight: AtomicU32,
+    healthy: AtomicBool,
+    draining: AtomicBool,
+    removed: AtomicBool,
+    outlier: Outlier,
+    cluster: Arc<ClusterLoad>,
+}
+
+impl Peer {
+    pub fn new(spec: &PeerSpec, cluster: Arc<ClusterLoad>) -> Self {
+        Self {
+            addr: spec.addr,
+            id: spec.addr.to_string(),
+            weight: AtomicU8::new(spec.weight.0),
+            max_in_flight: AtomicU32::new(spec.max_in_flight),
+            in_flight: AtomicU32::new(0),
+            healthy: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
+            outlier: Outlier::default(),
+            cluster,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    /// The peer's identity: its address, as text.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    pub fn weight(&self) -> u32 {
+        u32::from(self.weight.load(Ordering::Relaxed))
+    }
+    pub fn max_in_flight(&self) -> u32 {
+        self.max_in_flight.load(Ordering::Relaxed)
+    }
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+    pub fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+    pub fn removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+    pub fn ejected(&self) -> bool {
+        self.outlier.ejected()
+    }
+
+    /// The peer as it is configured now.
+    pub fn spec(&self) -> PeerSpec {
+        PeerSpec {
+            addr: self.addr,
+            weight: Weight(self.weight.load(Ordering::Relaxed)),
+            max_in_flight: self.max_in_flight(),
+        }
+    }
+
+    /// Healthy, not draining, not ejected and still a member: the walk may choose it.
+    pub fn eligible(&self) -> bool {
+        self.healthy() && !self.draining() && !self.removed() && !self.ejected()
+    }
+
+    /// A request to this peer got an answer that is not a server error.
+    pub fn record_success(&self) {
+        self.outlier.record_success();
+    }
+
+    /// A request to this peer failed to connect or got a 5xx. Returns the ejection it
+    /// caused, if it caused one.
+    pub fn record_failure(&self, policy: &OutlierPolicy) -> Option<Duration> {
+        self.outlier.record_failure(policy)
+    }
+
+    pub(super) fn set_limits(&self, spec: &PeerSpec) {
+        self.weight.store(spec.weight.0, Ordering::Relaxed);
+        self.max_in_flight
+            .store(spec.max_in_flight, Ordering::Relaxed);
+    }
+    pub(super) fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+    }
+    pub(super) fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::Relaxed);
+    }
+    pub(super) fn set_removed(&self, removed: bool) {
+        self.removed.store(removed, Ordering::Relaxed);
+    }
+
+    /// Takes a slot if the peer carries fewer than `bound` requests. The check and the increment
+    /// are one compare-and-swap, so concurrent takers can never push the count past `bound`.
+    pub fn try_take(self: &Arc<Self>, bound: u32) -> Option<Slot> {
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < bound).then_some(n + 1)
+            })
+            .ok()?;
+        self.cluster.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Slot {
+            peer: Arc::clone(self),
+        })
+    }
+
+    /// Takes a slot with no ceiling (pure sticky hashing).
+    pub fn take(self: &Arc<Self>) -> Slot {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.cluster.in_flight.fetch_add(1, Ordering::Relaxed);
+        Slot {
+            peer: Arc::clone(self),
+        }
+    }
+}
+
+/// One in-flight request on one peer. Dropping it releases the slot, exactly once.
+#[derive(Debug)]
+pub struct Slot {
+    peer: Arc<Peer>,
+}
+
+impl Slot {
+    pub fn peer(&self) -> &Arc<Peer> {
+        &self.peer
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.peer.cluster.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.peer.cluster.waiters.wake_front();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(max: u32) -> Arc<Peer> {
+        let spec = PeerSpec {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            weight: Weight::ONE,
+            max_in_flight: max,
+        };
+        Arc::new(Peer::new(&spec, Arc::default()))
+    }
+
+    #[test]
+    fn weight_holds_its_range_by_construction() {
+        assert_eq!(Weight::new(0), None);
+        assert_eq!(Weight::new(101), None);
+        assert_eq!(Weight::new(100).map(Weight::get), Some(100));
+        assert_eq!(Weight::clamped(0).get(), 1);
+        assert_eq!(Weight::clamped(65_535).get(), MAX_WEIGHT);
+    }
+
+    #[test]
+    fn canonical_sorts_and_keeps_the_first_of_each_address() {
+        let at = |port: u16, w: u32| PeerSpec {
+            addr: ([127, 0, 0, 1], port).into(),
+            weight: Weight::new(w).unwrap(),
+            max_in_flight: UNLIMITED,
+        };
+        assert_eq!(
+            canonical(vec![at(3, 1), at(1, 2), at(3, 5)]),
+            vec![at(1, 2), at(3, 1)]
+        );
+    }
+
+    #[test]
+    fn take_stops_at_bound_and_drop_releases_once() {
+        let p = peer(2);
+        let a = p.try_take(2).unwrap();
+        let b = p.try_take(2).unwrap();
+        assert!(p.try_take(2).is_none());
+        assert_eq!(p.cluster.in_flight(), 2);
+        drop(a);
+        assert_eq!(p.in_flight(), 1);
+        let c = p.try_take(2).unwrap();
+        drop((b, c));
+        assert_eq!(p.in_flight(), 0);
+        assert_eq!(p.cluster.in_flight(), 0);
+    }
+
+    #[test]
+    fn an_ejected_peer_is_not_eligible() {
+        let p = peer(4);
+        let policy = OutlierPolicy {
+            consecutive_failures: 1,
+            ..OutlierPolicy::default()
+        };
+        assert!(p.eligible());
+        assert!(p.record_failure(&policy).is_some());
+        assert!(p.ejected() && !p.eligible());
+    }
+
+    #[test]
+    fn bound_holds_under_eight_threads() {
+        let p = peer(5);
+        let peak = Arc::new(AtomicU32::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (p, peak) = (Arc::clone(&p), Arc::clone(&peak));
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    for i in 0..20_000u32 {
+                        if let Some(s) = p.try_take(5) {
+                            peak.fetch_max(p.in_flight(), Ordering::Relaxed);
+                            held.push(s);
+                        }
+                        if i % 3 == 0 {
+                            held.pop();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(peak.load(Ordering::Relaxed) <= 5);
+        assert!(peak.load(Ordering::Relaxed) >= 1);
+        assert_eq!(p.in_flight(), 0);
+        assert_eq!(p.cluster.in_flight(), 0);
+    }
+}

@@ -1,0 +1,143 @@
+//! How a peer is chosen, and what a choice gave.
+//!
+//! `bounded_consistent_hash` walks clockwise from the key's point over distinct peers and takes
+//! the first that is eligible and under its bound, the smaller of the peer's `max_in_flight`
+//! and, when a balance factor `c` is set, `ceil(c · (in_flight + 1) · w_p / Σw)` over the
+//! eligible peers (consistent hashing with bounded loads, weighted). Other policies share the
+//! same slots so that they can be compared on equal terms.
+
+use super::peer::{Slot, UNLIMITED};
+use super::queue::{Attempt, Outcome};
+
+pub const DEFAULT_BALANCE_FACTOR: f64 = 1.25;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Weighted rotation; skips peers at `max_in_flight`.
+    RoundRobin,
+    /// The peer with the fewest requests per unit of weight, under `max_in_flight`.
+    LeastInFlight,
+    /// Pure sticky hashing: the key's peer, however loaded.
+    ConsistentHash,
+    /// Sticky hashing that overflows clockwise past peers at their bound.
+    BoundedConsistentHash,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::RoundRobin => "round_robin",
+            Policy::LeastInFlight => "least_in_flight",
+            Policy::ConsistentHash => "consistent_hash",
+            Policy::BoundedConsistentHash => "bounded_consistent_hash",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Balance {
+    pub policy: Policy,
+    /// The `c` of the `(1+ε)` bound; `None` leaves only `max_in_flight`.
+    pub balance_factor: Option<f64>,
+}
+
+impl Default for Balance {
+    fn default() -> Self {
+        Self {
+            policy: Policy::BoundedConsistentHash,
+            balance_factor: Some(DEFAULT_BALANCE_FACTOR),
+        }
+    }
+}
+
+/// What the bound of one peer is computed from.
+#[derive(Debug, Clone, Copy)]
+pub struct BoundInputs {
+    pub max_in_flight: u32,
+    pub weight: u32,
+    /// Requests in flight across the cluster.
+    pub total_in_flight: u64,
+    /// Σ weight over the peers the walk may choose.
+    pub eligible_weight: u64,
+}
+
+impl Balance {
+    /// The in-flight ceiling of a peer: none for pure sticky hashing, `max_in_flight` for
+    /// round robin and least in flight, and the smaller of that and the balance bound for
+    /// bounded consistent hashing.
+    pub fn bound(&self, at: BoundInputs) -> u32 {
+        match self.policy {
+            Policy::ConsistentHash => return UNLIMITED,
+            Policy::RoundRobin | Policy::LeastInFlight => return at.max_in_flight,
+            Policy::BoundedConsistentHash => {}
+        }
+        let Some(c) = self.balance_factor else {
+            return at.max_in_flight;
+        };
+        let total_weight = at.eligible_weight.max(1) as f64;
+        let share = c * (at.total_in_flight as f64 + 1.0) * f64::from(at.weight) / total_weight;
+        // c ≥ 1 and in_flight + 1 ≥ 1 keep the share positive, so every bound is at least 1.
+        at.max_in_flight
+            .min(share.ceil().min(f64::from(UNLIMITED)) as u32)
+    }
+}
+
+/// How the chosen peer relates to the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// The key's own peer: the first eligible one on its walk.
+    Primary,
+    /// A later peer on the walk, because the ones before it were at their bound.
+    Overflow,
+    /// Chosen by load alone (round robin, least in flight, or a request with no key).
+    Balanced,
+}
+
+impl Route {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::Primary => "primary",
+            Route::Overflow => "overflow",
+            Route::Balanced => "balanced",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Routed {
+    pub slot: Slot,
+    pub route: Route,
+    /// Distinct peers looked at, the chosen one included.
+    pub steps: u32,
+}
+
+#[derive(Debug)]
+pub enum Decision {
+    Routed(Routed),
+    /// Eligible peers exist but every one is at its bound.
+    Saturated,
+    /// No peer is eligible (none configured, all down, draining or excluded).
+    NoPeer,
+}
+
+impl Decision {
+    pub fn routed(self) -> Option<Routed> {
+        match self {
+            Decision::Routed(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl Attempt for Decision {
+    type Taken = Routed;
+
+    fn outcome(self) -> Outcome<Routed> {
+        match self {
+            Decision::Routed(r) => Outcome::Taken(r),
+            Decision::Saturated => Outcome::Busy,
+            Decision::NoPeer => Outcome::Hopeless,
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! What the program runs on: the configuration after it was read and checked, in the types the
+//! modules use. [`crate::config`] is the only producer; every default is defined here or on the
+//! routing type it belongs to, and the file's own defaults are read from these.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::access_log::AccessLogFormat;
+use crate::routing::{Balance, KeyConfig, OutlierPolicy, PeerSpec, QueueLimit, RingConfig, Weight};
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Addresses the proxy listens on.
+    pub listen: Vec<SocketAddr>,
+    /// The peers listed in the file itself; a peers file or DNS gives them otherwise.
+    pub peers: Vec<PeerSpec>,
+    pub router: RouterSettings,
+    pub proxy: ProxySettings,
+    pub admin: Option<AdminSettings>,
+    pub discovery: Discovery,
+    /// `None`: no active checks; every peer counts as healthy.
+    pub health_check: Option<HealthCheck>,
+}
+
+impl Settings {
+    pub const DEFAULT_LISTEN: &'static str = "127.0.0.1:8080";
+}
+
+/// How the router routes.
+#[derive(Debug, Clone, Default)]
+pub struct RouterSettings {
+    pub keys: KeyConfig,
+    pub balance: Balance,
+    pub ring: RingConfig,
+    pub outlier: OutlierPolicy,
+}
+
+/// What the proxy needs of its own: how much body it reads, how it talks to peers, how long a
+/// request may wait for a slot, and its access log.
+#[derive(Debug, Clone, Default)]
+pub struct ProxySettings {
+    pub peek: PeekLimits,
+    pub upstream: Upstream,
+    pub queue: QueueLimit,
+    pub access_log: AccessLogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeekLimits {
+    /// How much of a prompt-carrying body is read, at most, to find its key.
+    pub peek_limit: usize,
+    pub max_body: usize,
+}
+
+impl Default for PeekLimits {
+    fn default() -> Self {
+        Self {
+            peek_limit: 64 * 1024,
+            max_body: 32 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Upstream {
+    pub connect_timeout: Duration,
+    /// Longest silence while reading a response: covers the time to the first token.
+    pub read_timeout: Duration,
+    pub write_timeout: Duration,
+    /// How long an idle pooled connection is kept: below the servers' keep-alive (uvicorn,
+    /// under vLLM and SGLang, closes idle connections after 5 s).
+    pub idle_timeout: Duration,
+    /// Further peers tried after a failed connect, before any byte reached the client.
+    pub connect_retries: usize,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(3),
+            read_timeout: Duration::from_secs(600),
+            write_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(4),
+            connect_retries: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminSettings {
+    /// Loopback by default: the admin API can drain peers.
+    pub listen: SocketAddr,
+    /// When set, every admin request but `/metrics` must carry `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            token: None,
+        }
+    }
+}
+
+/// Where the peers come from after start; files are re-read when they change and on SIGHUP.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Discovery {
+    /// The `peers` section of prefixlb's own file.
+    ConfigFile {
+        interval: Duration,
+    },
+    /// A YAML file holding `peers: [...]`.
+    PeersFile {
+        path: PathBuf,
+        interval: Duration,
+    },
+    Dns(Dns),
+}
+
+impl Discovery {
+    /// How often a file is checked for changes.
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dns {
+    /// e.g. `vllm.inference.svc.cluster.local` (a Kubernetes headless service).
+    pub name: String,
+    pub query: DnsQuery,
+    pub interval: Duration,
+    /// The resolver to ask; the system's (resolv.conf) when absent.
+    pub nameserver: Option<SocketAddr>,
+    /// Weight of every discovered peer, unless its SRV record gives one.
+    pub weight: Weight,
+    /// [`crate::routing::UNLIMITED`] for no ceiling.
+    pub max_in_flight: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsQuery {
+    /// A and AAAA records, each address with this port.
+    A { port: u16 },
+    /// SRV records: target, port and weight from the record.
+    Srv,
+}
+
+impl Dns {
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+}
+
+/// Active checks: an HTTP GET per peer per interval; a peer flips after so many results in a
+/// row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub healthy_after: usize,
+    pub unhealthy_after: usize,
+}
+
+impl Default for HealthCheck {
+    fn default() -> Self {
+        Self {
+            path: "/health".into(),
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            healthy_after: 2,
+            unhealthy_after: 2,
+        }
+    }
+}
