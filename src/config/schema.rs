@@ -58,9 +58,10 @@ impl Default for File {
 }
 
 /// A peers file: just the peers.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PeersFile {
+    #[serde(default)]
     pub peers: Vec<Peer>,
 }
 
