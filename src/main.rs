@@ -6,13 +6,14 @@ use std::sync::Arc;
 
 use clap::Parser;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::Server;
+use pingora::server::{RunArgs, Server};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
 use prefixlb::admin::Admin;
 use prefixlb::control::source::PeerSource;
 use prefixlb::control::ControlPlane;
+use prefixlb::lifecycle::{Activity, EarlySignals, Signals};
 use prefixlb::proxy::PrefixLb;
 use prefixlb::router::Router;
 use prefixlb::settings::Discovery;
@@ -52,18 +53,26 @@ fn initial_peers(source: &mut PeerSource) -> Result<Vec<prefixlb::routing::PeerS
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let early = match EarlySignals::install() {
+        Ok(early) => early,
+        Err(e) => {
+            eprintln!("prefixlb: cannot handle signals: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut cli = Cli::parse();
     // A daemon runs from /: reloads must find the files the command line meant.
     if let Ok(absolute) = std::fs::canonicalize(&cli.lb_conf) {
         cli.lb_conf = absolute;
     }
-    let Err(e) = run(cli);
+    let Err(e) = run(cli, early);
     eprintln!("prefixlb: {e}");
     ExitCode::FAILURE
 }
 
 /// Serves until the process is told to stop; returns only what kept it from starting.
-fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
+fn run(cli: Cli, early: EarlySignals) -> Result<std::convert::Infallible, String> {
+    let activity = Arc::new(Activity::default());
     let lb_conf = cli.lb_conf.clone();
     let in_file = |e: &dyn std::fmt::Display| format!("{}: {e}", lb_conf.display());
     let settings = prefixlb::config::load(&lb_conf).map_err(|e| in_file(&e))?;
@@ -87,19 +96,27 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     }
     if cli.server.test {
         println!("prefixlb: {} is valid", lb_conf.display());
+        std::process::exit(0);
     }
     let mut server = Server::new(Some(cli.server)).map_err(|e| e.to_string())?;
-    // With -t, Pingora exits here once its own configuration has loaded.
-    server.bootstrap();
+    // The sockets of an upgrade are taken by a service, after daemonizing: a daemon started with
+    // `daemon_wait_for_ready` then tells its launcher it is up before the old process is told to
+    // hand them over, and a successor that fails earlier never gets that far.
+    let bootstrap = server.bootstrap_as_a_service();
 
     let mut proxy = prefixlb::proxy::service::proxy_service(
         &server.configuration,
-        PrefixLb::new(Arc::clone(&router), settings.proxy.clone()),
+        PrefixLb::new(
+            Arc::clone(&router),
+            settings.proxy.clone(),
+            Arc::clone(&activity),
+        ),
+        Arc::clone(&activity),
     );
     for addr in &settings.listen {
         proxy.add_tcp(&addr.to_string());
     }
-    server.add_service(proxy);
+    server.add_service(proxy).add_dependency(&bootstrap);
     prefixlb::metrics::register(Arc::clone(&router)).map_err(|e| format!("metrics: {e}"))?;
     let control = ControlPlane::new(Arc::clone(&router), source, settings.health_check.as_ref())
         .map_err(|e| format!("health check setup: {e}"))?;
@@ -110,7 +127,7 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
             Admin::new(Arc::clone(&router), admin_settings.token.clone()),
         );
         admin.add_tcp(&admin_settings.listen.to_string());
-        server.add_service(admin);
+        server.add_service(admin).add_dependency(&bootstrap);
     }
     log::info!(
         "prefixlb: {} peers, policy {}, listening on {}",
@@ -118,7 +135,11 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         router.balance.policy.as_str(),
         listing(&settings.listen)
     );
-    server.run_forever()
+    let upgrade_sock = PathBuf::from(&server.configuration.upgrade_sock);
+    server.run(RunArgs {
+        shutdown_signal: Box::new(Signals::new(early, activity, upgrade_sock)),
+    });
+    std::process::exit(0)
 }
 
 fn listing(addrs: &[std::net::SocketAddr]) -> String {

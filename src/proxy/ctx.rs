@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::error::ApiError;
+use crate::lifecycle::Request;
 use crate::routing::{Peer, Route, Routed, RoutingKey, Slot};
 
 pub struct RequestCtx {
@@ -31,10 +32,12 @@ pub struct RequestCtx {
     pub(super) continued: bool,
     /// The error to answer with, when a hook failed on purpose.
     pub(super) error: Option<ApiError>,
+    /// Keeps a draining process alive until the request ends.
+    _serving: Request,
 }
 
 impl RequestCtx {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(serving: Request) -> Self {
         Self {
             arrived: Instant::now(),
             chosen: None,
@@ -49,6 +52,7 @@ impl RequestCtx {
             unreplayed_due: false,
             continued: false,
             error: None,
+            _serving: serving,
         }
     }
 

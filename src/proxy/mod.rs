@@ -22,6 +22,7 @@ use pingora::proxy::FailToProxy;
 use pingora::{Error, ErrorType};
 
 use crate::access_log::{AccessLog, Entry};
+use crate::lifecycle::Activity;
 use crate::metrics;
 use crate::router::Router;
 use crate::routing::{Decision, Peer, Rejection};
@@ -34,14 +35,16 @@ pub struct PrefixLb {
     router: Arc<Router>,
     settings: ProxySettings,
     access_log: AccessLog,
+    activity: Arc<Activity>,
 }
 
 impl PrefixLb {
-    pub fn new(router: Arc<Router>, settings: ProxySettings) -> Self {
+    pub fn new(router: Arc<Router>, settings: ProxySettings, activity: Arc<Activity>) -> Self {
         Self {
             router,
             access_log: AccessLog::new(settings.access_log),
             settings,
+            activity,
         }
     }
 
@@ -76,7 +79,7 @@ impl ProxyHttp for PrefixLb {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::new()
+        RequestCtx::new(self.activity.request())
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {

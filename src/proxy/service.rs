@@ -1,14 +1,12 @@
 //! The listening service around the proxy, with one change to Pingora's shutdown.
 //!
-//! When a Pingora server shuts down (after a graceful upgrade handed its sockets on), it stops
-//! accepting and, in the same moment, drops every connection still waiting for its request
-//! header. A client that connected a moment before, whose request bytes were still in flight,
-//! sees its connection closed with nothing answered. Giving such connections a moment to
-//! deliver their request closes that gap: they are served by the old process, with keep-alive
-//! off, and only then are idle connections dropped.
+//! When its listeners stop, Pingora drops every connection that waits for its next request.
+//! One whose client has that request on the way, or that just finished a response the client
+//! will follow with another, is cut under the client. Here the connections stay: a request that
+//! arrives during the drain is answered (Pingora then sends `Connection: close`), and
+//! [`crate::lifecycle`] ends the process once nothing has run for a moment.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};
@@ -18,15 +16,15 @@ use pingora::server::configuration::ServerConf;
 use pingora::server::ShutdownWatch;
 use pingora::services::listening::Service;
 
-/// How long connections accepted just before shutdown have to send their request header.
-pub const SHUTDOWN_SETTLE: Duration = Duration::from_secs(1);
+use crate::lifecycle::Activity;
 
-pub struct SettlingProxy<SV> {
+pub struct DrainingProxy<SV> {
     inner: Arc<HttpProxy<SV>>,
+    activity: Arc<Activity>,
 }
 
 #[async_trait]
-impl<SV> HttpServerApp for SettlingProxy<SV>
+impl<SV> HttpServerApp for DrainingProxy<SV>
 where
     SV: ProxyHttp + Send + Sync + 'static,
     SV::CTX: Send + Sync,
@@ -47,18 +45,23 @@ where
         self.inner.server_options()
     }
 
+    /// Called once the listeners have stopped accepting. Pingora's own cleanup, which drops the
+    /// idle connections, is left out on purpose.
     async fn http_cleanup(&self) {
-        tokio::time::sleep(SHUTDOWN_SETTLE).await;
-        self.inner.http_cleanup().await;
+        self.activity.close();
     }
 }
 
 /// The proxy as a Pingora service, to which listeners are added.
-pub fn proxy_service<SV>(conf: &Arc<ServerConf>, proxy: SV) -> Service<SettlingProxy<SV>>
+pub fn proxy_service<SV>(
+    conf: &Arc<ServerConf>,
+    proxy: SV,
+    activity: Arc<Activity>,
+) -> Service<DrainingProxy<SV>>
 where
     SV: ProxyHttp + Send + Sync + 'static,
     SV::CTX: Send + Sync,
 {
     let inner = Arc::new(pingora::proxy::http_proxy(conf, proxy));
-    Service::new("prefixlb proxy".into(), SettlingProxy { inner })
+    Service::new("prefixlb proxy".into(), DrainingProxy { inner, activity })
 }
