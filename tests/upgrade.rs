@@ -1,6 +1,7 @@
-//! Zero-downtime binary upgrade, twice in a row (old → new → newer), under continuous load of
-//! short requests and long SSE streams: Pingora hands the listening sockets over, the old
-//! process finishes what it has, and no client sees an error.
+//! Zero-downtime binary upgrades, 20 in a row, under continuous load from keep-alive clients and
+//! from clients that open a connection per request, with SSE streams spanning the upgrades:
+//! Pingora hands the listening sockets over, each old process finishes what it has, and exits
+//! soon after its last stream; no client sees an error.
 
 mod common;
 
@@ -12,6 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::*;
 use futures_util::StreamExt;
+
+const UPGRADES: usize = 20;
 
 fn spawn(dir: &Path, name: &str, upgrade: bool) -> Child {
     let mut cmd = Command::new(binary());
@@ -29,46 +32,89 @@ fn spawn(dir: &Path, name: &str, upgrade: bool) -> Child {
         .unwrap()
 }
 
-fn quit(child: &Child) {
-    let ok = Command::new("kill")
-        .args(["-QUIT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
-}
-
-/// Waits for the process to exit by itself; it must, within `limit`, and cleanly.
-async fn exits(child: &mut Child, limit: Duration) {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "exited with {status}");
-            return;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "old process still running after {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Access-log lines of `log` for responses that ended after `after`.
-fn ended_after(log: &str, after: SystemTime) -> usize {
-    let after = jiff::Timestamp::try_from(after).unwrap();
+/// The end of the last response in an access log (JSON lines), if any.
+fn last_end(log: &str) -> Option<SystemTime> {
     log.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| {
-            v["time"]
-                .as_str()
-                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                .is_some_and(|t| t > after)
-        })
-        .count()
+        .filter_map(|v| v["time"].as_str()?.parse::<jiff::Timestamp>().ok())
+        .max()
+        .map(|t| SystemTime::UNIX_EPOCH + Duration::from_millis(t.as_millisecond() as u64))
+}
+
+/// One client loop: short requests or 1.2 s streams, on a shared (keep-alive) client or on a
+/// fresh connection each time, until `stop`.
+fn worker(
+    url: String,
+    keep_alive: bool,
+    stream: bool,
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicUsize>,
+    failures: Arc<Mutex<Vec<String>>>,
+) -> tokio::task::JoinHandle<()> {
+    let shared = reqwest::Client::new();
+    tokio::spawn(async move {
+        let mut i = 0;
+        while !stop.load(Ordering::SeqCst) {
+            i += 1;
+            let c = if keep_alive {
+                shared.clone()
+            } else {
+                reqwest::Client::builder()
+                    .pool_max_idle_per_host(0)
+                    .build()
+                    .unwrap()
+            };
+            let mut req = c
+                .post(&url)
+                .body(chat("s", &format!("c{}", i % 7), 1, stream));
+            if stream {
+                req = req
+                    .header("x-mock-events", "30")
+                    .header("x-mock-interval-ms", "40");
+            }
+            let outcome = async {
+                let r = req.send().await.map_err(|e| format!("send: {e:?}"))?;
+                if r.status() != 200 {
+                    return Err(format!("status {}", r.status()));
+                }
+                let mut body = r.bytes_stream();
+                let mut text = String::new();
+                while let Some(chunk) = body.next().await {
+                    text.push_str(&String::from_utf8_lossy(
+                        &chunk.map_err(|e| format!("body: {e:?}"))?,
+                    ));
+                }
+                if stream && !text.ends_with("data: [DONE]\n\n") {
+                    return Err(format!(
+                        "stream cut after {} events",
+                        text.matches("data: ").count()
+                    ));
+                }
+                Ok(())
+            }
+            .await;
+            match outcome {
+                Ok(()) => {
+                    ok.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(e) => failures
+                    .lock()
+                    .unwrap()
+                    .push(format!("keep_alive={keep_alive} stream={stream}: {e}")),
+            }
+        }
+    })
+}
+
+/// An old process: when it was told to hand over, and when it exited.
+struct Retired {
+    name: String,
+    quit: SystemTime,
+    exited: Arc<Mutex<Option<SystemTime>>>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_upgrades_in_a_row_under_load_fail_nothing() {
+async fn twenty_upgrades_under_keep_alive_and_fresh_load_fail_nothing() {
     let ups = upstreams::<2>().await;
     let dir = tempfile::tempdir().unwrap();
     let (port, admin) = (free_port(), free_port());
@@ -80,153 +126,120 @@ async fn two_upgrades_in_a_row_under_load_fail_nothing() {
         ),
     )
     .unwrap();
-    // Streams last 1.2 s; the grace period of 2 s lets every one that started on the old
-    // process finish there.
+    // A long grace period: every old process must end long before it, when its work is done.
     std::fs::write(
         dir.path().join("pingora.yaml"),
         format!(
-            "version: 1\nthreads: 2\npid_file: {d}/prefixlb.pid\nupgrade_sock: {d}/upgrade.sock\ngrace_period_seconds: 2\ngraceful_shutdown_timeout_seconds: 2\n",
+            "version: 1\nthreads: 2\npid_file: {d}/prefixlb.pid\nupgrade_sock: {d}/upgrade.sock\ngrace_period_seconds: 60\ngraceful_shutdown_timeout_seconds: 5\n",
             d = dir.path().display()
         ),
     )
     .unwrap();
-    let mut old = spawn(dir.path(), "old", false);
-    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
-    let start = Instant::now();
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "proxy did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut current = spawn(dir.path(), "p0", false);
+    wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
 
-    // A fresh connection per request, as a fleet of clients has: an idle keep-alive
-    // connection closed by the old process would be the client's to retry, and is not what
-    // this test is about.
-    let c = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
     let stop = Arc::new(AtomicBool::new(false));
     let (short_ok, streams_ok) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let failures = Arc::new(Mutex::new(Vec::<String>::new()));
     let mut load = Vec::new();
-    for w in 0..8u64 {
-        let (c, url, stop, failures) = (c.clone(), url.clone(), stop.clone(), failures.clone());
-        let counter = if w < 4 {
-            short_ok.clone()
-        } else {
-            streams_ok.clone()
-        };
-        load.push(tokio::spawn(async move {
-            let mut i = 0;
-            while !stop.load(Ordering::SeqCst) {
-                i += 1;
-                let stream = w >= 4;
-                let mut req = c
-                    .post(&url)
-                    .body(chat("s", &format!("w{w} c{}", i % 5), 1, stream));
-                if stream {
-                    req = req
-                        .header("x-mock-events", "30")
-                        .header("x-mock-interval-ms", "40");
-                }
-                let outcome = async {
-                    let r = req.send().await.map_err(|e| format!("send: {e:?}"))?;
-                    if r.status() != 200 {
-                        return Err(format!("status {}", r.status()));
-                    }
-                    let mut body = r.bytes_stream();
-                    let mut text = String::new();
-                    while let Some(chunk) = body.next().await {
-                        text.push_str(&String::from_utf8_lossy(
-                            &chunk.map_err(|e| format!("body: {e}"))?,
-                        ));
-                    }
-                    if stream && !text.ends_with("data: [DONE]\n\n") {
-                        return Err(format!(
-                            "stream cut after {} events",
-                            text.matches("data: ").count()
-                        ));
-                    }
-                    Ok(())
-                }
-                .await;
-                match outcome {
-                    Ok(()) => {
-                        counter.fetch_add(1, Ordering::SeqCst);
-                    }
-                    Err(e) => failures.lock().unwrap().push(e),
-                }
-            }
-        }));
+    for (keep_alive, stream, n) in [
+        (true, false, 3),
+        (false, false, 2),
+        (true, true, 3),
+        (false, true, 1),
+    ] {
+        for _ in 0..n {
+            let ok = if stream { &streams_ok } else { &short_ok };
+            load.push(worker(
+                url.clone(),
+                keep_alive,
+                stream,
+                stop.clone(),
+                ok.clone(),
+                failures.clone(),
+            ));
+        }
     }
 
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut quit_times = Vec::new();
-    for generation in ["new", "newer"] {
-        // SIGQUIT first: the old process offers its sockets (retrying for 5 s) while the new
-        // one starts and takes them, the order the systemd unit uses.
-        quit(&old);
-        quit_times.push(SystemTime::now());
-        let next = spawn(dir.path(), generation, true);
-        // The old process accepts for 5 s more, drains for the grace period, then exits.
-        exits(&mut old, Duration::from_secs(15)).await;
-        old = next;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut retired = Vec::new();
+    let mut reapers = Vec::new();
+    for generation in 1..=UPGRADES {
+        // The successor first: it waits on the upgrade socket, then the old process is told to
+        // hand its sockets over, the order the systemd unit uses.
+        let name = format!("p{generation}");
+        let next = spawn(dir.path(), &name, true);
+        let mut old = std::mem::replace(&mut current, next);
+        let quit = SystemTime::now();
+        send_signal(old.id(), "QUIT");
+        let exited = Arc::new(Mutex::new(None));
+        retired.push(Retired {
+            name: format!("p{}", generation - 1),
+            quit,
+            exited: exited.clone(),
+        });
+        reapers.push(tokio::spawn(async move {
+            exits(&mut old, Duration::from_secs(30)).await;
+            *exited.lock().unwrap() = Some(SystemTime::now());
+        }));
+        // The successor has the sockets once its log says so; then a little traffic on it.
+        let log = dir.path().join(format!("{name}.log"));
+        let start = Instant::now();
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("Bootstrap done")
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "p{generation} got no sockets"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    for r in reapers {
+        r.await.unwrap();
+    }
     stop.store(true, Ordering::SeqCst);
     for t in load {
         t.await.unwrap();
     }
-    let log = |name: &str| {
-        std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default()
-    };
-    let access = |name: &str| {
-        std::fs::read_to_string(dir.path().join(format!("{name}.access.log"))).unwrap_or_default()
-    };
+    let read = |file: String| std::fs::read_to_string(dir.path().join(file)).unwrap_or_default();
     let failures = failures.lock().unwrap().clone();
     assert!(
         failures.is_empty(),
-        "{} requests failed, e.g. {:?}\nold: {}\nnew: {}",
+        "{} requests failed, e.g. {:?}",
         failures.len(),
         &failures[..failures.len().min(5)],
-        log("old"),
-        log("new")
     );
+    assert!(short_ok.load(Ordering::SeqCst) > 200, "short: {short_ok:?}");
     assert!(
-        short_ok.load(Ordering::SeqCst) > 100,
-        "short: {}",
-        short_ok.load(Ordering::SeqCst)
+        streams_ok.load(Ordering::SeqCst) > 60,
+        "streams: {streams_ok:?}"
     );
-    assert!(
-        streams_ok.load(Ordering::SeqCst) > 20,
-        "streams: {}",
-        streams_ok.load(Ordering::SeqCst)
-    );
-    // The old processes really served through their drain, and the new ones took over.
-    assert!(
-        ended_after(&access("old"), quit_times[0]) > 0,
-        "the first process served nothing after SIGQUIT"
-    );
-    assert!(
-        ended_after(&access("new"), quit_times[1]) > 0,
-        "the second process served nothing after SIGQUIT"
-    );
-    assert!(
-        !access("newer").is_empty(),
-        "the newest process served nothing"
-    );
-    assert!(
-        log("new").contains("listener sockets sent") || log("new").contains("sockets sent"),
-        "{}",
-        log("new")
-    );
-    let _ = old.kill();
-    let _ = old.wait();
+    // Pingora keeps accepting for 5 s after the hand-over; from then on each old process stays
+    // only while it has work, and leaves within a second of its last response.
+    let close_after = Duration::from_secs(5);
+    for r in &retired {
+        let exited = r.exited.lock().unwrap().expect("reaped");
+        let log = read(format!("{}.access.log", r.name));
+        let last = last_end(&log).unwrap_or(r.quit);
+        let settled = last.max(r.quit + close_after);
+        let lingered = exited.duration_since(settled).unwrap_or_default();
+        assert!(
+            lingered < Duration::from_millis(1100),
+            "{} exited {lingered:?} after its work ended: {}",
+            r.name,
+            read(format!("{}.log", r.name))
+        );
+        assert!(
+            last > r.quit,
+            "{} served nothing after it was told to hand over",
+            r.name
+        );
+    }
+    assert!(!read(format!("p{UPGRADES}.access.log")).is_empty());
+    let _ = current.kill();
+    let _ = current.wait();
 }

@@ -307,6 +307,40 @@ impl Proxy {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
     }
+
+    pub fn signal(&self, signal: &str) {
+        send_signal(self.pid(), signal);
+    }
+
+    /// Waits for the proxy to exit by itself; see [`exits`].
+    pub async fn exits(&mut self, limit: Duration) -> Instant {
+        exits(&mut self.child, limit).await
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Waits until the proxy and its admin listener answer.
+    pub async fn wait_ready(&self) {
+        let start = Instant::now();
+        loop {
+            let admin_up = reqwest::get(format!("http://{}/admin/peers", self.admin))
+                .await
+                .is_ok();
+            let proxy_up = tokio::net::TcpStream::connect(self.addr).await.is_ok();
+            if admin_up && proxy_up {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "proxy did not start: {}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for Proxy {
@@ -323,6 +357,22 @@ pub fn binary() -> PathBuf {
 /// Starts the proxy with `config` (YAML, without `listen` and `admin`), and waits until it
 /// answers.
 pub async fn start_proxy(config: &str) -> Proxy {
+    start_proxy_with(
+        config,
+        "grace_period_seconds: 1\ngraceful_shutdown_timeout_seconds: 1\n",
+    )
+    .await
+}
+
+/// [`start_proxy`] with `pingora` (YAML) added to Pingora's own settings.
+pub async fn start_proxy_with(config: &str, pingora: &str) -> Proxy {
+    let proxy = spawn_proxy(config, pingora);
+    proxy.wait_ready().await;
+    proxy
+}
+
+/// Starts the proxy without waiting for it.
+pub fn spawn_proxy(config: &str, pingora: &str) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     let (port, admin_port) = (free_port(), free_port());
     let lb = format!(
@@ -331,7 +381,7 @@ pub async fn start_proxy(config: &str) -> Proxy {
     let lb_path = dir.path().join("prefixlb.yaml");
     std::fs::write(&lb_path, lb).unwrap();
     let pingora = format!(
-        "version: 1\nthreads: 2\npid_file: {d}/p.pid\nupgrade_sock: {d}/u.sock\ngrace_period_seconds: 1\ngraceful_shutdown_timeout_seconds: 1\n",
+        "version: 1\nthreads: 2\npid_file: {d}/p.pid\nupgrade_sock: {d}/u.sock\n{pingora}",
         d = dir.path().display()
     );
     let pingora_path = dir.path().join("pingora.yaml");
@@ -343,33 +393,42 @@ pub async fn start_proxy(config: &str) -> Proxy {
         .arg(&pingora_path)
         .env(
             "RUST_LOG",
-            std::env::var("PREFIXLB_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            std::env::var("PREFIXLB_TEST_LOG").unwrap_or_else(|_| "info".into()),
         )
         .stdout(std::fs::File::create(dir.path().join("stdout.log")).unwrap())
         .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
         .spawn()
         .unwrap();
-    let proxy = Proxy {
+    Proxy {
         child,
         addr: format!("127.0.0.1:{port}").parse().unwrap(),
         admin: format!("127.0.0.1:{admin_port}").parse().unwrap(),
         dir,
-    };
+    }
+}
+
+/// Sends `signal` (a name `kill -s` takes: TERM, QUIT, HUP, INT) to `pid`.
+pub fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args(["-s", signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -s {signal} {pid}");
+}
+
+/// Waits for `child` to exit by itself, cleanly, within `limit`; returns when it did.
+pub async fn exits(child: &mut Child, limit: Duration) -> Instant {
     let start = Instant::now();
     loop {
-        let admin_up = reqwest::get(format!("http://{}/admin/peers", proxy.admin))
-            .await
-            .is_ok();
-        let proxy_up = tokio::net::TcpStream::connect(proxy.addr).await.is_ok();
-        if admin_up && proxy_up {
-            return proxy;
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exited with {status}");
+            return Instant::now();
         }
         assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "proxy did not start: {}",
-            proxy.log()
+            start.elapsed() < limit,
+            "process still running after {limit:?}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
