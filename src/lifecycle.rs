@@ -3,7 +3,7 @@
 //! Pingora drains for the whole `grace_period_seconds` however little is left, closes every idle
 //! keep-alive connection at once when its listeners stop (a client whose next request is on its
 //! way sees the connection close under it), and ignores a second signal. Here:
-//! - the signals are caught from the first moment ([`EarlySignals`]);
+//! - SIGHUP and SIGQUIT are harmless from the first moment ([`ignore_until_running`]);
 //! - SIGQUIT hands the sockets over only when a new process waits for them on the upgrade
 //!   socket; otherwise the process goes on serving;
 //! - SIGQUIT (upgrade) and SIGTERM (stop) start Pingora's graceful path, and a watcher of our own
@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -77,57 +77,44 @@ impl Activity {
     }
 }
 
-/// The shutdown signals, caught from the first moment of the process: their default actions end
-/// it (SIGQUIT with a core dump), and a signal that comes while the process starts up is acted
-/// on once it runs, not lost. SIGHUP, on which the control plane reloads, is held too: it is
-/// harmless until then. A handler, once installed, stays for the life of the process.
-pub struct EarlySignals {
+/// Makes SIGHUP and SIGQUIT harmless while the process starts: their default actions end it
+/// (SIGQUIT with a core dump), and until the control plane and the shutdown watch run there is
+/// nothing to reload and no sockets to hand over. Both are taken over by their handlers once
+/// those run. A plain disposition, not a handler: it must survive daemonizing, which a signal
+/// stream set up before the fork would not (the fork shares its wake-up pipe with the parent).
+pub fn ignore_until_running() {
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no code and touches no memory;
+    // it is sound at any point, in any thread.
+    unsafe {
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+    }
+}
+
+struct Streams {
     quit: Signal,
     term: Signal,
     int: Signal,
 }
 
-impl EarlySignals {
-    pub fn install() -> std::io::Result<Self> {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-            .block_on(async {
-                drop(signal(SignalKind::hangup())?);
-                Ok(Self {
-                    quit: signal(SignalKind::quit())?,
-                    term: signal(SignalKind::terminate())?,
-                    int: signal(SignalKind::interrupt())?,
-                })
-            })
-    }
-}
-
 /// Pingora's shutdown signals, with the drain watched to its end.
 pub struct Signals {
-    early: Mutex<Option<EarlySignals>>,
-    activity: Arc<Activity>,
-    upgrade_sock: PathBuf,
-}
-
-impl Signals {
-    pub fn new(early: EarlySignals, activity: Arc<Activity>, upgrade_sock: PathBuf) -> Self {
-        Self {
-            early: Mutex::new(Some(early)),
-            activity,
-            upgrade_sock,
-        }
-    }
+    pub activity: Arc<Activity>,
+    pub upgrade_sock: PathBuf,
 }
 
 #[async_trait]
 impl ShutdownSignalWatch for Signals {
     async fn recv(&self) -> ShutdownSignal {
-        let taken = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let Some(mut signals) = taken else {
-            // Pingora asks once; asked again, there is nothing left to wait with.
+        let (Ok(quit), Ok(term), Ok(int)) = (
+            signal(SignalKind::quit()),
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            log::error!("cannot listen for shutdown signals: stopping");
             return ShutdownSignal::FastShutdown;
         };
+        let mut signals = Streams { quit, term, int };
         let kind = loop {
             tokio::select! {
                 _ = signals.quit.recv() => {
@@ -195,7 +182,7 @@ fn listening(table: &str, path: &Path) -> bool {
 }
 
 /// Ends the process when the drain is done, or at once on a second SIGINT or SIGTERM.
-fn watch_drain(activity: &Activity, mut signals: EarlySignals) {
+fn watch_drain(activity: &Activity, mut signals: Streams) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -13,7 +13,7 @@ use pingora::services::listening::Service;
 use prefixlb::admin::Admin;
 use prefixlb::control::source::PeerSource;
 use prefixlb::control::ControlPlane;
-use prefixlb::lifecycle::{Activity, EarlySignals, Signals};
+use prefixlb::lifecycle::{self, Activity, Signals};
 use prefixlb::proxy::PrefixLb;
 use prefixlb::router::Router;
 use prefixlb::settings::Discovery;
@@ -53,25 +53,19 @@ fn initial_peers(source: &mut PeerSource) -> Result<Vec<prefixlb::routing::PeerS
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let early = match EarlySignals::install() {
-        Ok(early) => early,
-        Err(e) => {
-            eprintln!("prefixlb: cannot handle signals: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    lifecycle::ignore_until_running();
     let mut cli = Cli::parse();
     // A daemon runs from /: reloads must find the files the command line meant.
     if let Ok(absolute) = std::fs::canonicalize(&cli.lb_conf) {
         cli.lb_conf = absolute;
     }
-    let Err(e) = run(cli, early);
+    let Err(e) = run(cli);
     eprintln!("prefixlb: {e}");
     ExitCode::FAILURE
 }
 
 /// Serves until the process is told to stop; returns only what kept it from starting.
-fn run(cli: Cli, early: EarlySignals) -> Result<std::convert::Infallible, String> {
+fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     let activity = Arc::new(Activity::default());
     let lb_conf = cli.lb_conf.clone();
     let in_file = |e: &dyn std::fmt::Display| format!("{}: {e}", lb_conf.display());
@@ -137,7 +131,10 @@ fn run(cli: Cli, early: EarlySignals) -> Result<std::convert::Infallible, String
     );
     let upgrade_sock = PathBuf::from(&server.configuration.upgrade_sock);
     server.run(RunArgs {
-        shutdown_signal: Box::new(Signals::new(early, activity, upgrade_sock)),
+        shutdown_signal: Box::new(Signals {
+            activity,
+            upgrade_sock,
+        }),
     });
     std::process::exit(0)
 }

@@ -243,3 +243,147 @@ async fn twenty_upgrades_under_keep_alive_and_fresh_load_fail_nothing() {
     let _ = current.kill();
     let _ = current.wait();
 }
+
+/// The `ExecStart=`/`ExecReload=` command lines of the shipped unit, with its paths pointed at
+/// `dir` and `binary`, as systemd would run them for this test.
+fn unit_commands(key: &str, dir: &Path, binary: &Path, main_pid: u32) -> Vec<Vec<String>> {
+    let unit = std::fs::read_to_string("systemd/prefixlb.service").unwrap();
+    let prefix = format!("{key}=");
+    unit.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|line| {
+            line.replace("/usr/local/bin/prefixlb", binary.to_str().unwrap())
+                .replace("/etc/prefixlb/", &format!("{}/", dir.display()))
+                .replace("$MAINPID", &main_pid.to_string())
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect()
+}
+
+/// Runs `commands` in order and stops at the first that fails, as systemd does; true when all
+/// succeeded.
+fn run_all(commands: &[Vec<String>], dir: &Path) -> bool {
+    commands.iter().all(|argv| {
+        let log = |name: &str| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(name))
+                .unwrap()
+        };
+        Command::new(&argv[0])
+            .args(&argv[1..])
+            .env("RUST_LOG", "info")
+            .stdout(log("daemon.access.log"))
+            .stderr(log("daemon.log"))
+            .status()
+            .unwrap()
+            .success()
+    })
+}
+
+/// The daemon whose PID the PID file names, stopped when dropped.
+struct Daemon(std::path::PathBuf);
+
+impl Daemon {
+    fn pid(&self) -> u32 {
+        std::fs::read_to_string(&self.0)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-s", "INT", &self.pid().to_string()])
+            .status();
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() {
+    let up = start_upstream("a").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    std::fs::write(
+        dir.path().join("prefixlb.yaml"),
+        format!(
+            "listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: null}}\nhealth_check: {{enabled: false}}\n{}",
+            peers_yaml(&[&up], None)
+        ),
+    )
+    .unwrap();
+    let shipped = std::fs::read_to_string("systemd/pingora.yaml").unwrap();
+    std::fs::write(
+        dir.path().join("pingora.yaml"),
+        shipped.replace("/run/prefixlb/", &format!("{}/", dir.path().display())),
+    )
+    .unwrap();
+    let real = binary();
+    assert!(run_all(
+        &unit_commands("ExecStartPre", dir.path(), &real, 0),
+        dir.path()
+    ));
+    assert!(run_all(
+        &unit_commands("ExecStart", dir.path(), &real, 0),
+        dir.path()
+    ));
+    let daemon = Daemon(dir.path().join("prefixlb.pid"));
+    let url = format!("http://127.0.0.1:{port}/v1/completions");
+    let serves = || async {
+        let r = client().post(&url).body(r#"{"prompt":"x"}"#).send().await;
+        r.is_ok_and(|r| r.status() == 200)
+    };
+    wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
+    assert!(serves().await);
+
+    // A good reload: a new process takes over and the old one leaves.
+    let first = daemon.pid();
+    assert!(run_all(
+        &unit_commands("ExecReload", dir.path(), &real, first),
+        dir.path()
+    ));
+    let start = Instant::now();
+    while alive(first) {
+        assert!(serves().await, "a request failed during the upgrade");
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the old process stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let second = daemon.pid();
+    assert_ne!(second, first);
+    assert!(alive(second) && serves().await);
+
+    // A new build that passes the check but cannot start: the reload fails before the old
+    // process is told anything, and it goes on serving.
+    let broken = dir.path().join("broken-prefixlb");
+    std::fs::write(
+        &broken,
+        format!(
+            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = -t ] && exec {} \"$@\"; done\nexit 1\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&broken).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&broken, perms).unwrap();
+    assert!(!run_all(
+        &unit_commands("ExecReload", dir.path(), &broken, second),
+        dir.path()
+    ));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(daemon.pid(), second);
+    assert!(alive(second) && serves().await);
+}
