@@ -112,8 +112,13 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     }
     server.add_service(proxy).add_dependency(&bootstrap);
     prefixlb::metrics::register(Arc::clone(&router)).map_err(|e| format!("metrics: {e}"))?;
-    let control = ControlPlane::new(Arc::clone(&router), source, settings.health_check.as_ref())
-        .map_err(|e| format!("health check setup: {e}"))?;
+    let control = ControlPlane::new(
+        Arc::clone(&router),
+        source,
+        settings.allow_empty_peers,
+        settings.health_check.as_ref(),
+    )
+    .map_err(|e| format!("health check setup: {e}"))?;
     server.add_service(background_service("control plane", control));
     if let Some(admin_settings) = &settings.admin {
         let mut admin = Service::new(

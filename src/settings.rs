@@ -19,6 +19,9 @@ pub struct Settings {
     pub proxy: ProxySettings,
     pub admin: Option<AdminSettings>,
     pub discovery: Discovery,
+    /// Whether a reload may leave no peer at all. Off, an empty list (a file caught mid-write or
+    /// emptied by mistake, a DNS name gone) is refused and the current peers stay.
+    pub allow_empty_peers: bool,
     /// `None`: no active checks; every peer counts as healthy.
     pub health_check: Option<HealthCheck>,
 }
@@ -136,6 +139,9 @@ pub struct Dns {
     pub weight: Weight,
     /// [`crate::routing::UNLIMITED`] for no ceiling.
     pub max_in_flight: u32,
+    /// Rounds in a row an SRV target may fail to resolve before its last good addresses are
+    /// dropped: one failed lookup must not move keys.
+    pub failures_before_removal: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +154,7 @@ pub enum DnsQuery {
 
 impl Dns {
     pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+    pub const DEFAULT_FAILURES_BEFORE_REMOVAL: u32 = 3;
 }
 
 /// Active checks: an HTTP GET per peer per interval; a peer flips after so many results in a

@@ -502,10 +502,9 @@ async fn the_admin_api_can_require_a_bearer_token() {
     let _ = child.wait();
 }
 
-/// A DNS server on loopback that answers A queries for one name with the current addresses.
+/// A DNS server on loopback whose answers `answer` gives, query by query.
 struct FakeDns {
     addr: SocketAddr,
-    answers: Arc<Mutex<Vec<Ipv4Addr>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -515,14 +514,13 @@ impl Drop for FakeDns {
     }
 }
 
-async fn fake_dns(name: &str, answers: Vec<Ipv4Addr>) -> FakeDns {
+type Answer = Box<dyn Fn(&hickory_proto::op::Query) -> Vec<hickory_proto::rr::RData> + Send>;
+
+async fn fake_dns(answer: Answer) -> FakeDns {
     use hickory_proto::op::{Message, MessageType};
-    use hickory_proto::rr::{rdata::A, Name, RData, Record, RecordType};
+    use hickory_proto::rr::Record;
     let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let addr = socket.local_addr().unwrap();
-    let answers = Arc::new(Mutex::new(answers));
-    let served = Arc::clone(&answers);
-    let name = Name::from_ascii(name).unwrap();
     let task = tokio::spawn(async move {
         let mut buf = vec![0u8; 4096];
         loop {
@@ -539,11 +537,8 @@ async fn fake_dns(name: &str, answers: Vec<Ipv4Addr>) -> FakeDns {
             reply.metadata.recursion_available = true;
             for q in &query.queries {
                 reply.add_query(q.clone());
-                if q.query_type() == RecordType::A && q.name().to_lowercase() == name.to_lowercase()
-                {
-                    for ip in served.lock().unwrap().iter() {
-                        reply.add_answer(Record::from_rdata(q.name().clone(), 0, RData::A(A(*ip))));
-                    }
+                for data in answer(q) {
+                    reply.add_answer(Record::from_rdata(q.name().clone(), 0, data));
                 }
             }
             if let Ok(bytes) = reply.to_vec() {
@@ -551,11 +546,23 @@ async fn fake_dns(name: &str, answers: Vec<Ipv4Addr>) -> FakeDns {
             }
         }
     });
-    FakeDns {
-        addr,
-        answers,
-        task,
-    }
+    FakeDns { addr, task }
+}
+
+/// A records for `name`: whatever `ips` holds at the time of the query.
+fn a_records(name: &str, ips: Arc<Mutex<Vec<Ipv4Addr>>>) -> Answer {
+    use hickory_proto::rr::{rdata::A, Name, RData, RecordType};
+    let name = Name::from_ascii(name).unwrap().to_lowercase();
+    Box::new(move |q| {
+        if q.query_type() != RecordType::A || q.name().to_lowercase() != name {
+            return Vec::new();
+        }
+        ips.lock()
+            .unwrap()
+            .iter()
+            .map(|ip| RData::A(A(*ip)))
+            .collect()
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -578,11 +585,11 @@ async fn dns_discovery_follows_the_records() {
             .unwrap(),
     )
     .await;
-    let dns = fake_dns(
-        "gpu.test.",
-        vec![Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)],
-    )
-    .await;
+    let answers = Arc::new(Mutex::new(vec![
+        Ipv4Addr::new(127, 0, 0, 1),
+        Ipv4Addr::new(127, 0, 0, 2),
+    ]));
+    let dns = fake_dns(a_records("gpu.test.", Arc::clone(&answers))).await;
     let cfg = format!(
         "discovery:\n  dns: {{name: \"gpu.test.\", port: {port}, interval_ms: 100, nameserver: \"{}\", max_in_flight: 8}}\n",
         dns.addr
@@ -607,7 +614,7 @@ async fn dns_discovery_follows_the_records() {
         8
     );
 
-    *dns.answers.lock().unwrap() = vec![Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3)];
+    *answers.lock().unwrap() = vec![Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3)];
     until(&proxy, Duration::from_secs(5), |l| {
         listed(l) == vec![b.addr_str(), c3.addr_str()]
     })
@@ -622,4 +629,161 @@ async fn dns_discovery_follows_the_records() {
         "a peer gone from DNS still got requests"
     );
     assert_eq!(served.len(), 2);
+}
+
+/// The peer addresses of an admin listing, sorted.
+fn listed(l: &serde_json::Value) -> Vec<String> {
+    let mut v: Vec<String> = l["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["address"].as_str().unwrap().to_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_srv_target_that_fails_once_keeps_its_peer_and_one_that_stays_gone_leaves() {
+    use hickory_proto::rr::{rdata::SRV, Name, RData, RecordType};
+    let first = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = first.local_addr().unwrap().port();
+    let a = start_upstream_on("a", first).await;
+    let b = start_upstream_on(
+        "b",
+        tokio::net::TcpListener::bind(("127.0.0.2", port))
+            .await
+            .unwrap(),
+    )
+    .await;
+    // Targets whose address lookups fail right now.
+    let failing = Arc::new(Mutex::new(Vec::<&'static str>::new()));
+    let down = Arc::clone(&failing);
+    let dns = fake_dns(Box::new(move |q| {
+        let name = q.name().to_lowercase().to_ascii();
+        match (q.query_type(), name.as_str()) {
+            (RecordType::SRV, "gpu.test.") => ["t1.test.", "t2.test."]
+                .iter()
+                .map(|t| RData::SRV(SRV::new(0, 1, port, Name::from_ascii(t).unwrap())))
+                .collect(),
+            (RecordType::A, t @ ("t1.test." | "t2.test."))
+                if !down.lock().unwrap().contains(&t) =>
+            {
+                let last = if t == "t1.test." { 1 } else { 2 };
+                vec![RData::A(hickory_proto::rr::rdata::A(Ipv4Addr::new(
+                    127, 0, 0, last,
+                )))]
+            }
+            _ => Vec::new(),
+        }
+    }))
+    .await;
+    let cfg = format!(
+        "discovery:\n  dns: {{name: \"gpu.test.\", record: srv, interval_ms: 100, nameserver: \"{}\", failures_before_removal: 3}}\nhealth_check: {{enabled: false}}\n",
+        dns.addr
+    );
+    let proxy = start_proxy(&cfg).await;
+    let both = vec![a.addr_str(), b.addr_str()];
+    until(&proxy, Duration::from_secs(5), |l| listed(l) == both).await;
+    // One failed round (well under three intervals): the peer never leaves.
+    failing.lock().unwrap().push("t2.test.");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(150) {
+        assert_eq!(
+            listed(&proxy.peers().await),
+            both,
+            "one failed lookup moved keys"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    failing.lock().unwrap().clear();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(listed(&proxy.peers().await), both);
+    // A target that stays gone leaves after three failed rounds.
+    failing.lock().unwrap().push("t2.test.");
+    until(&proxy, Duration::from_secs(5), |l| {
+        listed(l) == vec![a.addr_str()]
+    })
+    .await;
+    assert!(
+        proxy.log().contains("keeping its last addresses"),
+        "{}",
+        proxy.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_peer_list_is_refused_unless_allowed() {
+    let ups = upstreams::<2>().await;
+    for allow in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let peers_file = dir.path().join("peers.yaml");
+        write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1)]);
+        let cfg = format!(
+            "discovery: {{peers_file: \"{}\", reload_interval_ms: 20, allow_empty: {allow}}}\nhealth_check: {{enabled: false}}\n",
+            peers_file.display()
+        );
+        let proxy = start_proxy(&cfg).await;
+        let before = listed(&proxy.peers().await);
+        assert_eq!(before.len(), 2);
+        for empty in ["peers: []\n", ""] {
+            std::fs::write(&peers_file, empty).unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let now = listed(&proxy.peers().await);
+            if allow {
+                assert!(now.is_empty(), "{empty:?} was allowed but not applied");
+                write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1)]);
+                until(&proxy, Duration::from_secs(3), |l| listed(l) == before).await;
+            } else {
+                assert_eq!(now, before, "{empty:?} emptied the cluster");
+            }
+        }
+        assert_eq!(
+            proxy.log().contains("the new list is empty"),
+            !allow,
+            "{}",
+            proxy.log()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_file_written_in_pieces_is_read_only_once_whole() {
+    let ups = upstreams::<3>().await;
+    let dir = tempfile::tempdir().unwrap();
+    let peers_file = dir.path().join("peers.yaml");
+    write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1), (&ups[2], 1)]);
+    let cfg = format!(
+        "discovery: {{peers_file: \"{}\", reload_interval_ms: 20}}\nhealth_check: {{enabled: false}}\n",
+        peers_file.display()
+    );
+    let proxy = start_proxy(&cfg).await;
+    // A writer that neither renames nor writes at once: its first piece is a valid list of one.
+    let whole = format!(
+        "peers:\n  - {{addr: \"{}\"}}\n  - {{addr: \"{}\"}}\n",
+        ups[0].addr, ups[1].addr
+    );
+    // Up to the end of the first entry's line.
+    let first = whole.find("  - {addr").unwrap();
+    let cut = first + whole[first..].find('\n').unwrap() + 1;
+    for _ in 0..5 {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&peers_file).unwrap();
+        f.write_all(&whole.as_bytes()[..cut]).unwrap();
+        f.flush().unwrap();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        f.write_all(&whole.as_bytes()[cut..]).unwrap();
+        drop(f);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let mut two = vec![ups[0].addr_str(), ups[1].addr_str()];
+        two.sort();
+        assert_eq!(listed(&proxy.peers().await), two);
+        write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1), (&ups[2], 1)]);
+        until(&proxy, Duration::from_secs(3), |l| listed(l).len() == 3).await;
+    }
+    assert!(
+        !proxy.log().contains("now 1 peers"),
+        "a half-written file was applied: {}",
+        proxy.log()
+    );
 }

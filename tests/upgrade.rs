@@ -273,14 +273,17 @@ fn run_all(commands: &[Vec<String>], dir: &Path) -> bool {
                 .open(dir.join(name))
                 .unwrap()
         };
-        Command::new(&argv[0])
+        let status = Command::new(&argv[0])
             .args(&argv[1..])
             .env("RUST_LOG", "info")
             .stdout(log("daemon.access.log"))
             .stderr(log("daemon.log"))
             .status()
-            .unwrap()
-            .success()
+            .unwrap();
+        if !status.success() {
+            eprintln!("{} failed: {status}", argv.join(" "));
+        }
+        status.success()
     })
 }
 
@@ -348,10 +351,14 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
 
     // A good reload: a new process takes over and the old one leaves.
     let first = daemon.pid();
-    assert!(run_all(
-        &unit_commands("ExecReload", dir.path(), &real, first),
-        dir.path()
-    ));
+    assert!(
+        run_all(
+            &unit_commands("ExecReload", dir.path(), &real, first),
+            dir.path()
+        ),
+        "{}",
+        std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
+    );
     let start = Instant::now();
     while alive(first) {
         assert!(serves().await, "a request failed during the upgrade");

@@ -103,6 +103,7 @@ impl File {
             router,
             proxy,
             admin: admin(self.admin)?,
+            allow_empty_peers: self.discovery.allow_empty,
             discovery: discovery(self.discovery, !peers.is_empty())?,
             health_check: health_check(self.health_check)?,
             peers,
@@ -261,6 +262,11 @@ fn discovery(d: schema::DiscoveryFile, has_peers: bool) -> Result<Discovery, Con
             interval: millis("discovery.dns.interval_ms", dns.interval_ms)?,
             weight: weight("discovery.dns.weight", dns.weight)?,
             max_in_flight: ceiling("discovery.dns.max_in_flight", dns.max_in_flight)?,
+            failures_before_removal: {
+                let n = dns.failures_before_removal;
+                at_least_one("discovery.dns.failures_before_removal", n.into())?;
+                n
+            },
             nameserver: dns.nameserver,
             name: dns.name,
         }),

@@ -219,6 +219,8 @@ pub struct DiscoveryFile {
     /// How often a peers file (or this file) is checked for changes.
     pub reload_interval_ms: u64,
     pub dns: Option<DnsFile>,
+    /// Whether a reload may leave no peer at all.
+    pub allow_empty: bool,
 }
 
 impl Default for DiscoveryFile {
@@ -227,6 +229,7 @@ impl Default for DiscoveryFile {
             peers_file: None,
             reload_interval_ms: ms(Discovery::DEFAULT_INTERVAL),
             dns: None,
+            allow_empty: false,
         }
     }
 }
@@ -241,6 +244,10 @@ pub enum DnsRecord {
 
 fn dns_interval_ms() -> u64 {
     ms(Dns::DEFAULT_INTERVAL)
+}
+
+fn dns_failures_before_removal() -> u32 {
+    Dns::DEFAULT_FAILURES_BEFORE_REMOVAL
 }
 
 #[derive(Debug, Deserialize)]
@@ -260,6 +267,8 @@ pub struct DnsFile {
     pub weight: u32,
     #[serde(default)]
     pub max_in_flight: Option<u32>,
+    #[serde(default = "dns_failures_before_removal")]
+    pub failures_before_removal: u32,
 }
 
 #[derive(Debug, Deserialize)]

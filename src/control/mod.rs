@@ -32,6 +32,7 @@ use source::PeerSource;
 pub struct ControlPlane {
     router: Arc<Router>,
     source: Mutex<PeerSource>,
+    allow_empty: bool,
     health: Option<(Arc<HealthRegistry>, Duration)>,
     backends: Backends,
 }
@@ -57,6 +58,7 @@ impl ControlPlane {
     pub fn new(
         router: Arc<Router>,
         source: PeerSource,
+        allow_empty: bool,
         health: Option<&HealthCheck>,
     ) -> pingora::Result<Self> {
         let registry = Arc::new(HealthRegistry::with_equivalence(address_key));
@@ -82,6 +84,7 @@ impl ControlPlane {
         Ok(Self {
             router,
             source: Mutex::new(source),
+            allow_empty,
             health,
             backends,
         })
@@ -97,6 +100,16 @@ impl ControlPlane {
         let Some(specs) = loaded else {
             return Ok(false);
         };
+        let current = self.router.cluster().peers().len();
+        if specs.is_empty() && current > 0 && !self.allow_empty {
+            metrics::RELOADS.with_label_values(&["error"]).inc();
+            return Err(ConfigError::new(
+                "peers",
+                format!(
+                    "the new list is empty: keeping the {current} current peers (discovery.allow_empty: true allows an empty list)"
+                ),
+            ));
+        }
         let Some(change) = self.router.set_peers(specs) else {
             metrics::RELOADS.with_label_values(&["unchanged"]).inc();
             return Ok(false);

@@ -1,5 +1,7 @@
 //! Where the peer list comes from, and reading it again.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -22,13 +24,16 @@ pub enum PeerSource {
 
 pub struct FileSource {
     path: PathBuf,
-    /// What the file held when it was last read, so that an unchanged file is not parsed.
-    last: Option<String>,
+    /// What the file held when it was last read, so that an unchanged file is not parsed, and
+    /// the inode it was read from.
+    last: Option<(String, u64)>,
     interval: Duration,
 }
 
 pub struct DnsSource {
     settings: Dns,
+    /// Each SRV target's last good addresses, and how many rounds in a row it has failed since.
+    targets: HashMap<String, (Vec<IpAddr>, u32)>,
 }
 
 impl PeerSource {
@@ -42,6 +47,7 @@ impl PeerSource {
             Discovery::Dns(dns) => {
                 let source = DnsSource {
                     settings: dns.clone(),
+                    targets: HashMap::new(),
                 };
                 // A resolver that cannot be built is a configuration error: say so at start.
                 source.resolver()?;
@@ -98,15 +104,41 @@ impl PeerSource {
     }
 }
 
+/// How long a file changed in place must stay as it is before it is read as the new list: a
+/// writer that does not write-then-rename is caught mid-write otherwise.
+const SETTLE: Duration = Duration::from_millis(100);
+
 impl FileSource {
-    async fn changed(&mut self, force: bool) -> Result<Option<String>, ConfigError> {
-        let text = tokio::fs::read_to_string(&self.path).await.map_err(|e| {
+    /// The file's text and inode.
+    async fn read(&self) -> Result<(String, u64), ConfigError> {
+        let fail = |e: std::io::Error| {
             ConfigError::new("", format!("cannot read {}: {e}", self.path.display()))
-        })?;
-        if !force && self.last.as_ref() == Some(&text) {
-            return Ok(None);
+        };
+        let meta = tokio::fs::metadata(&self.path).await.map_err(fail)?;
+        let text = tokio::fs::read_to_string(&self.path).await.map_err(fail)?;
+        Ok((text, std::os::unix::fs::MetadataExt::ino(&meta)))
+    }
+
+    async fn changed(&mut self, force: bool) -> Result<Option<String>, ConfigError> {
+        let read = self.read().await?;
+        let in_place = match &self.last {
+            Some((text, _)) if !force && *text == read.0 => return Ok(None),
+            Some((_, inode)) => *inode == read.1,
+            None => false,
+        };
+        // A file put in place by a rename is whole; one rewritten in place may still be growing.
+        if in_place {
+            tokio::time::sleep(SETTLE).await;
+            if self.read().await?.0 != read.0 {
+                log::debug!(
+                    "{} is being written: read again at the next check",
+                    self.path.display()
+                );
+                return Ok(None);
+            }
         }
-        self.last = Some(text.clone());
+        let text = read.0.clone();
+        self.last = Some(read);
         Ok(Some(text))
     }
 }
@@ -140,7 +172,7 @@ impl DnsSource {
         })
     }
 
-    async fn resolve(&self) -> Result<Vec<PeerSpec>, ConfigError> {
+    async fn resolve(&mut self) -> Result<Vec<PeerSpec>, ConfigError> {
         let c = &self.settings;
         let resolver = self.resolver()?;
         let fail = |e: hickory_resolver::net::NetError| {
@@ -160,23 +192,39 @@ impl DnsSource {
             DnsQuery::Srv => {
                 let lookup = resolver.srv_lookup(c.name.as_str()).await.map_err(fail)?;
                 let mut last_error = None;
+                let mut seen = HashMap::new();
                 for record in lookup.answers() {
                     let RData::SRV(srv) = &record.data else {
                         continue;
                     };
-                    // A target that does not resolve (a pod going away) is skipped, not a
-                    // reason to ignore the others.
+                    // A target that does not resolve (a pod going away, a lookup lost) keeps
+                    // its last good addresses for a few rounds, so that one failure moves no
+                    // key; it is not a reason to ignore the others either.
                     let target = srv.target.to_string();
+                    let known = self.targets.remove(&target);
                     let ips = match resolver.lookup_ip(target.as_str()).await {
-                        Ok(ips) => ips,
+                        Ok(ips) => (ips.iter().collect(), 0),
                         Err(e) => {
-                            last_error = Some(e);
-                            continue;
+                            let kept =
+                                known.filter(|(_, failed)| failed + 1 < c.failures_before_removal);
+                            match kept {
+                                Some((ips, failed)) => {
+                                    log::warn!("{target} did not resolve ({e}): keeping its last addresses");
+                                    (ips, failed + 1)
+                                }
+                                None => {
+                                    last_error = Some(e);
+                                    continue;
+                                }
+                            }
                         }
                     };
                     let weight = Weight::clamped(u64::from(srv.weight));
-                    specs.extend(ips.iter().map(|ip| peer((ip, srv.port).into(), weight)));
+                    specs.extend(ips.0.iter().map(|&ip| peer((ip, srv.port).into(), weight)));
+                    seen.insert(target, ips);
                 }
+                // Targets gone from the SRV answer are forgotten with it.
+                self.targets = seen;
                 if let (true, Some(e)) = (specs.is_empty(), last_error) {
                     return Err(fail(e));
                 }
