@@ -22,6 +22,8 @@ use async_trait::async_trait;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
+use crate::control::shared_load::SharedLoad;
+
 /// How long the process stays after its last request ended (or its listeners closed): a
 /// keep-alive client that got its last response just before has this long to send the next
 /// request on the same connection, which is then answered, with `Connection: close`.
@@ -101,6 +103,7 @@ struct Streams {
 pub struct Signals {
     pub activity: Arc<Activity>,
     pub upgrade_sock: PathBuf,
+    pub shared: Arc<SharedLoad>,
 }
 
 #[async_trait]
@@ -119,6 +122,9 @@ impl ShutdownSignalWatch for Signals {
             tokio::select! {
                 _ = signals.quit.recv() => {
                     if successor_waits(&self.upgrade_sock).await {
+                        // Counts in the shared file before the successor has a socket to
+                        // route from.
+                        self.shared.begin();
                         break ShutdownSignal::GracefulUpgrade;
                     }
                     log::error!(
@@ -130,12 +136,12 @@ impl ShutdownSignalWatch for Signals {
                 _ = signals.int.recv() => return ShutdownSignal::FastShutdown,
             }
         };
-        let activity = Arc::clone(&self.activity);
+        let (activity, shared) = (Arc::clone(&self.activity), Arc::clone(&self.shared));
         // Pingora blocks the thread it runs this on while it hands the sockets over, and its
         // runtimes wind down before the grace period ends: the watch runs on a thread of its own.
         let spawned = std::thread::Builder::new()
             .name("prefixlb drain".into())
-            .spawn(move || watch_drain(&activity, signals));
+            .spawn(move || watch_drain(&activity, &shared, signals));
         if let Err(e) = spawned {
             log::warn!("cannot watch the drain, it lasts the whole grace period: {e}");
         }
@@ -182,7 +188,7 @@ fn listening(table: &str, path: &Path) -> bool {
 }
 
 /// Ends the process when the drain is done, or at once on a second SIGINT or SIGTERM.
-fn watch_drain(activity: &Activity, mut signals: Streams) {
+fn watch_drain(activity: &Activity, shared: &SharedLoad, mut signals: Streams) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -205,6 +211,7 @@ fn watch_drain(activity: &Activity, mut signals: Streams) {
             }
         }
     });
+    shared.leave();
     std::process::exit(0);
 }
 

@@ -11,6 +11,7 @@ use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
 use prefixlb::admin::Admin;
+use prefixlb::control::shared_load::{Publisher, SharedLoad};
 use prefixlb::control::source::PeerSource;
 use prefixlb::control::ControlPlane;
 use prefixlb::lifecycle::{self, Activity, Signals};
@@ -92,7 +93,18 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         println!("prefixlb: {} is valid", lb_conf.display());
         std::process::exit(0);
     }
+    let successor = cli.server.upgrade;
     let mut server = Server::new(Some(cli.server)).map_err(|e| e.to_string())?;
+    let upgrade_sock = PathBuf::from(&server.configuration.upgrade_sock);
+    let shared = Arc::new(SharedLoad::new(
+        Arc::clone(&router),
+        &upgrade_sock,
+        successor,
+    ));
+    server.add_service(background_service(
+        "shared in-flight counts",
+        Publisher(Arc::clone(&shared)),
+    ));
     // The sockets of an upgrade are taken by a service, after daemonizing: a daemon started with
     // `daemon_wait_for_ready` then tells its launcher it is up before the old process is told to
     // hand them over, and a successor that fails earlier never gets that far.
@@ -104,6 +116,7 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
             Arc::clone(&router),
             settings.proxy.clone(),
             Arc::clone(&activity),
+            Arc::clone(&shared),
         ),
         Arc::clone(&activity),
     );
@@ -134,11 +147,11 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         router.balance.policy.as_str(),
         listing(&settings.listen)
     );
-    let upgrade_sock = PathBuf::from(&server.configuration.upgrade_sock);
     server.run(RunArgs {
         shutdown_signal: Box::new(Signals {
             activity,
             upgrade_sock,
+            shared,
         }),
     });
     std::process::exit(0)

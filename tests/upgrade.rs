@@ -394,3 +394,87 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
     assert_eq!(daemon.pid(), second);
     assert!(alive(second) && serves().await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_gpu_goes_over_max_in_flight_while_streams_span_upgrades() {
+    let ups = upstreams::<2>().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    std::fs::write(
+        dir.path().join("prefixlb.yaml"),
+        format!(
+            "listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: null}}\naccess_log: json\nhealth_check: {{enabled: false}}\n{}",
+            peers_yaml(&ups, Some(2))
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("pingora.yaml"),
+        format!(
+            "version: 1\nthreads: 2\npid_file: {d}/prefixlb.pid\nupgrade_sock: {d}/upgrade.sock\ngrace_period_seconds: 60\ngraceful_shutdown_timeout_seconds: 5\n",
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let mut current = spawn(dir.path(), "p0", false);
+    wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
+    // Twice the cluster's four slots in streams, always: every process has a waiting line.
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let load: Vec<_> = (0..8)
+        .map(|_| {
+            worker(
+                url.clone(),
+                false,
+                true,
+                stop.clone(),
+                ok.clone(),
+                failures.clone(),
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut old_ones = Vec::new();
+    for generation in 1..=3 {
+        let name = format!("p{generation}");
+        let next = spawn(dir.path(), &name, true);
+        let old = std::mem::replace(&mut current, next);
+        send_signal(old.id(), "QUIT");
+        old_ones.push(old);
+        let log = dir.path().join(format!("{name}.log"));
+        let start = Instant::now();
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("Bootstrap done")
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{name} got no sockets"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    for mut old in old_ones {
+        exits(&mut old, Duration::from_secs(30)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in load {
+        t.await.unwrap();
+    }
+    let failures = failures.lock().unwrap().clone();
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(ok.load(Ordering::SeqCst) > 20, "{ok:?}");
+    for u in &ups {
+        assert!(
+            u.peak.load(Ordering::SeqCst) <= 2,
+            "{} carried {} streams at once, over its max_in_flight of 2",
+            u.name,
+            u.peak.load(Ordering::SeqCst)
+        );
+    }
+    let _ = current.kill();
+    let _ = current.wait();
+}

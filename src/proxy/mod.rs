@@ -22,6 +22,7 @@ use pingora::proxy::FailToProxy;
 use pingora::{Error, ErrorType};
 
 use crate::access_log::{AccessLog, Entry};
+use crate::control::shared_load::SharedLoad;
 use crate::lifecycle::Activity;
 use crate::metrics;
 use crate::router::Router;
@@ -36,15 +37,22 @@ pub struct PrefixLb {
     settings: ProxySettings,
     access_log: AccessLog,
     activity: Arc<Activity>,
+    shared: Arc<SharedLoad>,
 }
 
 impl PrefixLb {
-    pub fn new(router: Arc<Router>, settings: ProxySettings, activity: Arc<Activity>) -> Self {
+    pub fn new(
+        router: Arc<Router>,
+        settings: ProxySettings,
+        activity: Arc<Activity>,
+        shared: Arc<SharedLoad>,
+    ) -> Self {
         Self {
             router,
             access_log: AccessLog::new(settings.access_log),
             settings,
             activity,
+            shared,
         }
     }
 
@@ -126,7 +134,8 @@ impl ProxyHttp for PrefixLb {
             .load()
             .waiters()
             .admit(self.settings.queue, || {
-                router.cluster().select(&router.balance, key.hash, &[])
+                self.shared
+                    .choose(|| router.cluster().select(&router.balance, key.hash, &[]))
             })
             .await;
         match admitted {
@@ -153,10 +162,10 @@ impl ProxyHttp for PrefixLb {
         if ctx.slot.is_none() {
             // A retry after a failed connect: the next peer on the walk, no waiting in line.
             let hash = ctx.key.and_then(|k| k.hash);
+            let router = &self.router;
             match self
-                .router
-                .cluster()
-                .select(&self.router.balance, hash, &ctx.failed)
+                .shared
+                .choose(|| router.cluster().select(&router.balance, hash, &ctx.failed))
             {
                 Decision::Routed(routed) => ctx.take_slot(routed),
                 Decision::Saturated => return Err(reject(ctx, Rejection::RetrySaturated)),

@@ -50,6 +50,8 @@ impl Cluster {
         let mut retired = Vec::with_capacity(known.len());
         for gone in known.into_values() {
             gone.set_removed(true);
+            // What others carry on a peer no longer routed to bounds nothing.
+            gone.set_external(0);
             retired.push(Arc::downgrade(&gone));
         }
         Self { retired, ..next }
@@ -129,6 +131,14 @@ impl Cluster {
         self.load.in_flight()
     }
 
+    /// Sets the load that others carry on each peer, by identity; peers it does not name carry
+    /// none elsewhere.
+    pub fn set_external(&self, external: impl Fn(&str) -> u32) {
+        for p in &self.peers {
+            p.set_external(external(p.id()));
+        }
+    }
+
     /// Σ weight over the peers the walk may choose: the denominator of the balance bound.
     pub fn eligible_weight(&self) -> u64 {
         self.eligible_weight.load(Ordering::Relaxed)
@@ -194,7 +204,7 @@ impl Cluster {
         balance.bound(BoundInputs {
             max_in_flight: peer.max_in_flight(),
             weight: peer.weight(),
-            total_in_flight: self.in_flight(),
+            total_in_flight: self.in_flight() + self.load.external(),
             eligible_weight: self.eligible_weight(),
         })
     }
@@ -265,12 +275,12 @@ impl Cluster {
             let mut any = false;
             for peer in self.peers.iter().filter(|p| usable(p)) {
                 any = true;
-                if peer.in_flight() >= peer.max_in_flight() {
+                if peer.load() >= peer.max_in_flight() {
                     continue;
                 }
                 let lighter = best.is_none_or(|b| {
-                    u64::from(peer.in_flight()) * u64::from(b.weight())
-                        < u64::from(b.in_flight()) * u64::from(peer.weight())
+                    u64::from(peer.load()) * u64::from(b.weight())
+                        < u64::from(b.load()) * u64::from(peer.weight())
                 });
                 if lighter {
                     best = Some(peer);

@@ -66,12 +66,20 @@ pub fn canonical(mut specs: Vec<PeerSpec>) -> Vec<PeerSpec> {
 #[derive(Debug, Default)]
 pub struct ClusterLoad {
     in_flight: AtomicU64,
+    /// Σ of the peers' [`Peer::external`] load.
+    external: AtomicU64,
     waiters: WaitQueue,
 }
 
 impl ClusterLoad {
+    /// Requests this router has in flight.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests on these peers that others carry (see [`Peer::external`]).
+    pub fn external(&self) -> u64 {
+        self.external.load(Ordering::Relaxed)
     }
 
     /// Requests waiting for a slot; every release wakes the first of them.
@@ -87,6 +95,7 @@ pub struct Peer {
     weight: AtomicU8,
     max_in_flight: AtomicU32,
     in_flight: AtomicU32,
+    external: AtomicU32,
     healthy: AtomicBool,
     draining: AtomicBool,
     removed: AtomicBool,
@@ -102,6 +111,7 @@ impl Peer {
             weight: AtomicU8::new(spec.weight.0),
             max_in_flight: AtomicU32::new(spec.max_in_flight),
             in_flight: AtomicU32::new(0),
+            external: AtomicU32::new(0),
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             removed: AtomicBool::new(false),
@@ -123,8 +133,18 @@ impl Peer {
     pub fn max_in_flight(&self) -> u32 {
         self.max_in_flight.load(Ordering::Relaxed)
     }
+    /// Requests this router has in flight on the peer.
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Acquire)
+    }
+    /// Requests on the peer that others carry: the other prefixlb processes of an upgrade.
+    /// Every ceiling counts them.
+    pub fn external(&self) -> u32 {
+        self.external.load(Ordering::Acquire)
+    }
+    /// Everything the peer carries: [`Peer::in_flight`] and [`Peer::external`].
+    pub fn load(&self) -> u32 {
+        self.in_flight().saturating_add(self.external())
     }
     pub fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
@@ -178,13 +198,21 @@ impl Peer {
     pub(super) fn set_removed(&self, removed: bool) {
         self.removed.store(removed, Ordering::Relaxed);
     }
+    pub(super) fn set_external(&self, external: u32) {
+        let before = self.external.swap(external, Ordering::AcqRel);
+        let total = &self.cluster.external;
+        total.fetch_add(u64::from(external), Ordering::Relaxed);
+        total.fetch_sub(u64::from(before), Ordering::Relaxed);
+    }
 
-    /// Takes a slot if the peer carries fewer than `bound` requests. The check and the increment
-    /// are one compare-and-swap, so concurrent takers can never push the count past `bound`.
+    /// Takes a slot if the peer carries fewer than `bound` requests, its external load
+    /// included. The check and the increment are one compare-and-swap, so concurrent takers can
+    /// never push the count past `bound`.
     pub fn try_take(self: &Arc<Self>, bound: u32) -> Option<Slot> {
+        let room = bound.saturating_sub(self.external());
         self.in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < bound).then_some(n + 1)
+                (n < room).then_some(n + 1)
             })
             .ok()?;
         self.cluster.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -271,6 +299,25 @@ mod tests {
         drop((b, c));
         assert_eq!(p.in_flight(), 0);
         assert_eq!(p.cluster.in_flight(), 0);
+    }
+
+    #[test]
+    fn external_load_counts_against_every_ceiling() {
+        let p = peer(3);
+        p.set_external(2);
+        assert_eq!(p.cluster.external(), 2);
+        let a = p.try_take(3).unwrap();
+        assert!(
+            p.try_take(3).is_none(),
+            "2 elsewhere + 1 here = the ceiling"
+        );
+        assert_eq!(p.load(), 3);
+        p.set_external(0);
+        assert_eq!(p.cluster.external(), 0);
+        let b = p.try_take(3).unwrap();
+        drop((a, b));
+        p.set_external(7);
+        assert!(p.try_take(3).is_none(), "more elsewhere than the ceiling");
     }
 
     #[test]

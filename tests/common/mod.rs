@@ -32,6 +32,7 @@ struct MockState {
     name: String,
     seen: Arc<Mutex<Vec<Seen>>>,
     active: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
     healthy: Arc<AtomicBool>,
     health_checks: Arc<AtomicUsize>,
 }
@@ -42,6 +43,8 @@ pub struct Upstream {
     seen: Arc<Mutex<Vec<Seen>>>,
     /// Requests being answered right now.
     pub active: Arc<AtomicUsize>,
+    /// The most requests (health checks included) ever answered at once.
+    pub peak: Arc<AtomicUsize>,
     /// What `/health` answers: 200 while true, 503 while false.
     pub healthy: Arc<AtomicBool>,
     pub health_checks: Arc<AtomicUsize>,
@@ -90,10 +93,15 @@ pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) ->
         name: name.to_owned(),
         seen: Arc::default(),
         active: Arc::default(),
+        peak: Arc::default(),
         healthy: Arc::new(AtomicBool::new(true)),
         health_checks: Arc::default(),
     };
-    let (seen, active) = (Arc::clone(&state.seen), Arc::clone(&state.active));
+    let (seen, active, peak) = (
+        Arc::clone(&state.seen),
+        Arc::clone(&state.active),
+        Arc::clone(&state.peak),
+    );
     let (healthy, health_checks) = (Arc::clone(&state.healthy), Arc::clone(&state.health_checks));
     let app = axum::Router::new().fallback(mock).with_state(state);
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -107,6 +115,7 @@ pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) ->
         name: name.to_owned(),
         seen,
         active,
+        peak,
         healthy,
         health_checks,
         task,
@@ -125,7 +134,8 @@ impl Drop for Active {
 }
 
 async fn mock(State(s): State<MockState>, req: Request) -> Response {
-    s.active.fetch_add(1, Ordering::SeqCst);
+    let now = s.active.fetch_add(1, Ordering::SeqCst) + 1;
+    s.peak.fetch_max(now, Ordering::SeqCst);
     let active = Active(Arc::clone(&s.active));
     let (parts, body) = req.into_parts();
     let h = parts.headers;
