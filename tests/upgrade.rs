@@ -16,7 +16,30 @@ use futures_util::StreamExt;
 
 const UPGRADES: usize = 20;
 
-fn spawn(dir: &Path, name: &str, upgrade: bool) -> Child {
+/// A process of the test's, killed if the test ends before it exits.
+struct Owned(Child);
+
+impl std::ops::Deref for Owned {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Owned {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(dir: &Path, name: &str, upgrade: bool) -> Owned {
     let mut cmd = Command::new(binary());
     cmd.arg("-l")
         .arg(dir.join("prefixlb.yaml"))
@@ -29,6 +52,7 @@ fn spawn(dir: &Path, name: &str, upgrade: bool) -> Child {
         .stdout(std::fs::File::create(dir.join(format!("{name}.access.log"))).unwrap())
         .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
         .spawn()
+        .map(Owned)
         .unwrap()
 }
 
@@ -240,8 +264,6 @@ async fn twenty_upgrades_under_keep_alive_and_fresh_load_fail_nothing() {
         );
     }
     assert!(!read(format!("p{UPGRADES}.access.log")).is_empty());
-    let _ = current.kill();
-    let _ = current.wait();
 }
 
 /// The `ExecStart=`/`ExecReload=` command lines of the shipped unit, with its paths pointed at
@@ -287,24 +309,30 @@ fn run_all(commands: &[Vec<String>], dir: &Path) -> bool {
     })
 }
 
-/// The daemon whose PID the PID file names, stopped when dropped.
-struct Daemon(std::path::PathBuf);
+/// The daemons the PID file has named, stopped when dropped.
+struct Daemon(std::path::PathBuf, std::cell::RefCell<Vec<u32>>);
 
 impl Daemon {
     fn pid(&self) -> u32 {
-        std::fs::read_to_string(&self.0)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
+        let text = std::fs::read_to_string(&self.0).unwrap();
+        let pid = text.trim().parse().unwrap();
+        self.1.borrow_mut().push(pid);
+        pid
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-s", "INT", &self.pid().to_string()])
-            .status();
+        // Only ours: a PID that has exited may have been given to another process since.
+        let ours = |pid: &&u32| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("prefixlb"))
+        };
+        for pid in self.1.borrow().iter().filter(ours) {
+            let _ = Command::new("kill")
+                .args(["-s", "KILL", &pid.to_string()])
+                .status();
+        }
     }
 }
 
@@ -340,7 +368,7 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
         &unit_commands("ExecStart", dir.path(), &real, 0),
         dir.path()
     ));
-    let daemon = Daemon(dir.path().join("prefixlb.pid"));
+    let daemon = Daemon(dir.path().join("prefixlb.pid"), Default::default());
     let url = format!("http://127.0.0.1:{port}/v1/completions");
     let serves = || async {
         let r = client().post(&url).body(r#"{"prompt":"x"}"#).send().await;
@@ -475,6 +503,4 @@ async fn no_gpu_goes_over_max_in_flight_while_streams_span_upgrades() {
             u.peak.load(Ordering::SeqCst)
         );
     }
-    let _ = current.kill();
-    let _ = current.wait();
 }
