@@ -99,7 +99,11 @@ fn worker(
             let outcome = async {
                 let r = req.send().await.map_err(|e| format!("send: {e:?}"))?;
                 if r.status() != 200 {
-                    return Err(format!("status {}", r.status()));
+                    let status = r.status();
+                    return Err(format!(
+                        "status {status}: {}",
+                        r.text().await.unwrap_or_default()
+                    ));
                 }
                 let mut body = r.bytes_stream();
                 let mut text = String::new();

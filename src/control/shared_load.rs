@@ -15,13 +15,14 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::router::Router;
+use crate::routing::Decision;
 
 /// How often a sharing process publishes what it released, and looks whether it is alone.
 pub const TICK: Duration = Duration::from_millis(50);
@@ -30,8 +31,23 @@ pub const TICK: Duration = Duration::from_millis(50);
 /// longer than a new process takes to write its first entry.
 const LONELY: Duration = Duration::from_secs(1);
 
-/// Per process id, per peer: the requests it has in flight.
-type Table = HashMap<u32, HashMap<String, u32>>;
+/// What one process carries, and how long its waiting line is.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Entry {
+    /// Per peer: the requests it has in flight.
+    counts: HashMap<String, u32>,
+    /// When the waiter at the front of its line joined it (ms since the Unix epoch).
+    waiting_since_ms: Option<u64>,
+}
+
+/// Per process id.
+type Table = HashMap<u32, Entry>;
+
+fn epoch_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
 
 pub struct SharedLoad {
     router: Arc<Router>,
@@ -134,29 +150,47 @@ impl SharedLoad {
         Ok(Locked { file })
     }
 
-    /// This process's counts, from the live cluster.
-    fn own(&self) -> HashMap<String, u32> {
+    /// This process's entry, from the live cluster and its waiting line.
+    fn own(&self) -> Entry {
         let cluster = self.router.cluster();
-        cluster
+        let counts = cluster
             .peers()
             .iter()
             .filter(|p| p.in_flight() > 0)
             .map(|p| (p.id().to_owned(), p.in_flight()))
-            .collect()
+            .collect();
+        let waited = self.router.load().waiters().front_waited();
+        Entry {
+            counts,
+            waiting_since_ms: waited.map(|w| epoch_ms(SystemTime::now() - w)),
+        }
     }
 
     /// Sets each peer's external load from the others' entries, and publishes this process's.
     fn exchange(&self, locked: &mut Locked<'_>) -> Table {
         let mut table = locked.read();
         table.remove(&self.pid);
-        let others = |id: &str| -> u32 { table.values().filter_map(|counts| counts.get(id)).sum() };
+        let others = |id: &str| -> u32 { table.values().filter_map(|e| e.counts.get(id)).sum() };
         self.router.cluster().set_external(others);
         table
     }
 
-    /// Runs one choice of peer. While sharing, it runs under the lock with the others' load in
-    /// place, and what it took is in the file before anyone else chooses.
-    pub fn choose<T>(&self, choose: impl FnOnce() -> T) -> T {
+    /// Runs one choice of peer for a request already admitted (a retry). While sharing, it
+    /// runs under the lock with the others' load in place, and what it took is in the file
+    /// before anyone else chooses.
+    pub fn choose(&self, choose: impl FnOnce() -> Decision) -> Decision {
+        self.locked_choice(false, choose)
+    }
+
+    /// Runs one choice of peer for a request that takes its turn in the waiting line: while
+    /// sharing, it also gives way to another process whose line has waited longer than this
+    /// one's. Without that, the process whose releases wake its own waiters at once (the one
+    /// taking new connections) would take every freed slot, and the other's line would starve.
+    pub fn choose_in_turn(&self, choose: impl FnOnce() -> Decision) -> Decision {
+        self.locked_choice(true, choose)
+    }
+
+    fn locked_choice(&self, in_turn: bool, choose: impl FnOnce() -> Decision) -> Decision {
         if !self.sharing() {
             return choose();
         }
@@ -168,7 +202,15 @@ impl SharedLoad {
             }
         };
         let mut table = self.exchange(&mut locked);
-        let chosen = choose();
+        let mine = self.own().waiting_since_ms;
+        let oldest_elsewhere = table.values().filter_map(|e| e.waiting_since_ms).min();
+        let give_way =
+            in_turn && oldest_elsewhere.is_some_and(|theirs| mine.is_none_or(|mine| theirs < mine));
+        let chosen = if give_way {
+            Decision::Saturated
+        } else {
+            choose()
+        };
         table.insert(self.pid, self.own());
         locked.write(&table);
         chosen

@@ -135,7 +135,7 @@ impl ProxyHttp for PrefixLb {
             .waiters()
             .admit(self.settings.queue, || {
                 self.shared
-                    .choose(|| router.cluster().select(&router.balance, key.hash, &[]))
+                    .choose_in_turn(|| router.cluster().select(&router.balance, key.hash, &[]))
             })
             .await;
         match admitted {

@@ -69,7 +69,8 @@ impl Rejection {
 
 #[derive(Debug, Default)]
 pub struct WaitQueue {
-    waiters: Mutex<VecDeque<Arc<Notify>>>,
+    /// Each waiter, with when it joined the line.
+    waiters: Mutex<VecDeque<(Arc<Notify>, Instant)>>,
     len: AtomicUsize,
 }
 
@@ -88,12 +89,20 @@ impl WaitQueue {
         if self.is_empty() {
             return;
         }
-        if let Some(front) = self.lock().front() {
+        if let Some((front, _)) = self.lock().front() {
             front.notify_one();
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Arc<Notify>>> {
+    /// How long the waiter at the front has waited, if anyone waits.
+    pub fn front_waited(&self) -> Option<Duration> {
+        if self.is_empty() {
+            return None;
+        }
+        self.lock().front().map(|(_, since)| since.elapsed())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<(Arc<Notify>, Instant)>> {
         // A waiter list is valid after any panic mid-update: every update is one push or remove.
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -103,22 +112,22 @@ impl WaitQueue {
         if q.len() >= max {
             return false;
         }
-        q.push_back(Arc::clone(me));
+        q.push_back((Arc::clone(me), Instant::now()));
         self.len.store(q.len(), Ordering::SeqCst);
         true
     }
 
     fn is_front(&self, me: &Arc<Notify>) -> bool {
-        self.lock().front().is_some_and(|f| Arc::ptr_eq(f, me))
+        self.lock().front().is_some_and(|(f, _)| Arc::ptr_eq(f, me))
     }
 
     fn remove(&self, me: &Arc<Notify>) {
         let mut q = self.lock();
-        let was_front = q.front().is_some_and(|f| Arc::ptr_eq(f, me));
-        q.retain(|w| !Arc::ptr_eq(w, me));
+        let was_front = q.front().is_some_and(|(f, _)| Arc::ptr_eq(f, me));
+        q.retain(|(w, _)| !Arc::ptr_eq(w, me));
         self.len.store(q.len(), Ordering::SeqCst);
         if was_front {
-            if let Some(next) = q.front() {
+            if let Some((next, _)) = q.front() {
                 next.notify_one();
             }
         }
