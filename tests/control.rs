@@ -565,26 +565,27 @@ fn a_records(name: &str, ips: Arc<Mutex<Vec<Ipv4Addr>>>) -> Answer {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dns_discovery_follows_the_records() {
-    // Like a headless service: every pod on the same port, each at its own address.
+/// Mock upstreams "a", "b", ... at 127.0.0.1, 127.0.0.2, ... on one port, as a headless
+/// service's pods are.
+async fn upstreams_on_one_port<const N: usize>() -> (u16, [Upstream; N]) {
     let first = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = first.local_addr().unwrap().port();
-    let a = start_upstream_on("a", first).await;
-    let b = start_upstream_on(
-        "b",
-        tokio::net::TcpListener::bind(("127.0.0.2", port))
-            .await
-            .unwrap(),
-    )
-    .await;
-    let c3 = start_upstream_on(
-        "c",
-        tokio::net::TcpListener::bind(("127.0.0.3", port))
-            .await
-            .unwrap(),
-    )
-    .await;
+    let mut ups = vec![start_upstream_on("a", first).await];
+    for i in 1..N {
+        let ip = std::net::Ipv4Addr::new(127, 0, 0, i as u8 + 1);
+        let name = ((b'a' + i as u8) as char).to_string();
+        let listener = tokio::net::TcpListener::bind((ip, port)).await.unwrap();
+        ups.push(start_upstream_on(&name, listener).await);
+    }
+    let ups = ups
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("N upstreams were started"));
+    (port, ups)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_discovery_follows_the_records() {
+    let (port, [a, b, c3]) = upstreams_on_one_port::<3>().await;
     let answers = Arc::new(Mutex::new(vec![
         Ipv4Addr::new(127, 0, 0, 1),
         Ipv4Addr::new(127, 0, 0, 2),
@@ -646,16 +647,7 @@ fn listed(l: &serde_json::Value) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_srv_target_that_fails_once_keeps_its_peer_and_one_that_stays_gone_leaves() {
     use hickory_proto::rr::{rdata::SRV, Name, RData, RecordType};
-    let first = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = first.local_addr().unwrap().port();
-    let a = start_upstream_on("a", first).await;
-    let b = start_upstream_on(
-        "b",
-        tokio::net::TcpListener::bind(("127.0.0.2", port))
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (port, [a, b]) = upstreams_on_one_port::<2>().await;
     // Targets whose address lookups fail right now.
     let failing = Arc::new(Mutex::new(Vec::<&'static str>::new()));
     let down = Arc::clone(&failing);

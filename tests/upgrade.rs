@@ -56,6 +56,44 @@ fn spawn(dir: &Path, name: &str, upgrade: bool) -> Owned {
         .unwrap()
 }
 
+/// Writes the configuration every generation shares (listening on `port`, a JSON access log,
+/// `lb` added, and a long grace period: every old process must end long before it, when its
+/// work is done), and starts the first generation, "p0".
+async fn start_first(dir: &Path, port: u16, lb: &str) -> Owned {
+    std::fs::write(
+        dir.join("prefixlb.yaml"),
+        format!("listen: [\"127.0.0.1:{port}\"]\naccess_log: json\n{lb}"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("pingora.yaml"),
+        format!(
+            "version: 1\nthreads: 2\npid_file: {d}/prefixlb.pid\nupgrade_sock: {d}/upgrade.sock\ngrace_period_seconds: 60\ngraceful_shutdown_timeout_seconds: 5\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    let first = spawn(dir, "p0", false);
+    wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
+    first
+}
+
+/// Waits until generation `name` has the listening sockets, as its log says.
+async fn took_over(dir: &Path, name: &str) {
+    let log = dir.join(format!("{name}.log"));
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("Bootstrap done")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{name} got no sockets"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The end of the last response in an access log (JSON lines), if any.
 fn last_end(log: &str) -> Option<SystemTime> {
     log.lines()
@@ -146,25 +184,15 @@ async fn twenty_upgrades_under_keep_alive_and_fresh_load_fail_nothing() {
     let ups = upstreams::<2>().await;
     let dir = tempfile::tempdir().unwrap();
     let (port, admin) = (free_port(), free_port());
-    std::fs::write(
-        dir.path().join("prefixlb.yaml"),
-        format!(
-            "listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: \"127.0.0.1:{admin}\"}}\naccess_log: json\n{}",
+    let mut current = start_first(
+        dir.path(),
+        port,
+        &format!(
+            "admin: {{listen: \"127.0.0.1:{admin}\"}}\n{}",
             peers_yaml(&ups, None)
         ),
     )
-    .unwrap();
-    // A long grace period: every old process must end long before it, when its work is done.
-    std::fs::write(
-        dir.path().join("pingora.yaml"),
-        format!(
-            "version: 1\nthreads: 2\npid_file: {d}/prefixlb.pid\nupgrade_sock: {d}/upgrade.sock\ngrace_period_seconds: 60\ngraceful_shutdown_timeout_seconds: 5\n",
-            d = dir.path().display()
-        ),
-    )
-    .unwrap();
-    let mut current = spawn(dir.path(), "p0", false);
-    wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
+    .await;
 
     let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
     let stop = Arc::new(AtomicBool::new(false));
@@ -211,19 +239,8 @@ async fn twenty_upgrades_under_keep_alive_and_fresh_load_fail_nothing() {
             exits(&mut old, Duration::from_secs(30)).await;
             *exited.lock().unwrap() = Some(SystemTime::now());
         }));
-        // The successor has the sockets once its log says so; then a little traffic on it.
-        let log = dir.path().join(format!("{name}.log"));
-        let start = Instant::now();
-        while !std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("Bootstrap done")
-        {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "p{generation} got no sockets"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // Then a little traffic on the successor alone.
+        took_over(dir.path(), &name).await;
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
     for r in reapers {
@@ -432,24 +449,15 @@ async fn no_gpu_goes_over_max_in_flight_while_streams_span_upgrades() {
     let ups = upstreams::<2>().await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    std::fs::write(
-        dir.path().join("prefixlb.yaml"),
-        format!(
-            "listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: null}}\naccess_log: json\nhealth_check: {{enabled: false}}\n{}",
+    let mut current = start_first(
+        dir.path(),
+        port,
+        &format!(
+            "admin: {{listen: null}}\nhealth_check: {{enabled: false}}\n{}",
             peers_yaml(&ups, Some(2))
         ),
     )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("pingora.yaml"),
-        format!(
-            "version: 1\nthreads: 2\npid_file: {d}/prefixlb.pid\nupgrade_sock: {d}/upgrade.sock\ngrace_period_seconds: 60\ngraceful_shutdown_timeout_seconds: 5\n",
-            d = dir.path().display()
-        ),
-    )
-    .unwrap();
-    let mut current = spawn(dir.path(), "p0", false);
-    wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
+    .await;
     // Twice the cluster's four slots in streams, always: every process has a waiting line.
     let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
     let stop = Arc::new(AtomicBool::new(false));
@@ -475,18 +483,7 @@ async fn no_gpu_goes_over_max_in_flight_while_streams_span_upgrades() {
         let old = std::mem::replace(&mut current, next);
         send_signal(old.id(), "QUIT");
         old_ones.push(old);
-        let log = dir.path().join(format!("{name}.log"));
-        let start = Instant::now();
-        while !std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("Bootstrap done")
-        {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "{name} got no sockets"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        took_over(dir.path(), &name).await;
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     for mut old in old_ones {
