@@ -105,9 +105,10 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         "shared in-flight counts",
         Publisher(Arc::clone(&shared)),
     ));
-    // The sockets of an upgrade are taken by a service, after daemonizing: a daemon started with
-    // `daemon_wait_for_ready` then tells its launcher it is up before the old process is told to
-    // hand them over, and a successor that fails earlier never gets that far.
+    // The sockets of an upgrade are taken by a service, after daemonizing: `-u -d` returns at
+    // once and leaves the daemon waiting for them, so the old process can be told to hand them
+    // over next (the unit's order). Taken before `run`, they would block the launcher until the
+    // old process, not yet told, sent them.
     let bootstrap = server.bootstrap_as_a_service();
 
     let mut proxy = prefixlb::proxy::service::proxy_service(

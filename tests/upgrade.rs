@@ -408,8 +408,14 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
         "{}",
         std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
     );
+    // While both run, the new daemon's in-flight counts are in the shared file under its own
+    // process id, not the launcher's.
+    let shared = dir.path().join("prefixlb.inflight");
+    let mut seen_sharing = false;
     let start = Instant::now();
     while alive(first) {
+        let table = std::fs::read_to_string(&shared).unwrap_or_default();
+        seen_sharing |= table.contains(&format!("\"{}\"", daemon.pid()));
         assert!(serves().await, "a request failed during the upgrade");
         assert!(
             start.elapsed() < Duration::from_secs(15),
@@ -419,6 +425,7 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
     }
     let second = daemon.pid();
     assert_ne!(second, first);
+    assert!(seen_sharing, "the new daemon never shared its counts");
     assert!(alive(second) && serves().await);
 
     // A new build that passes the check but cannot start: the reload fails before the old

@@ -52,7 +52,6 @@ fn epoch_ms(at: SystemTime) -> u64 {
 pub struct SharedLoad {
     router: Arc<Router>,
     path: PathBuf,
-    pid: u32,
     sharing: AtomicBool,
     /// Since when the file has held nobody else, while sharing.
     alone_since: Mutex<Option<Instant>>,
@@ -118,7 +117,6 @@ impl SharedLoad {
         Self {
             router,
             path: dir.join("prefixlb.inflight"),
-            pid: std::process::id(),
             sharing: AtomicBool::new(successor),
             alone_since: Mutex::new(None),
             file: Mutex::new(None),
@@ -166,10 +164,11 @@ impl SharedLoad {
         }
     }
 
-    /// Sets each peer's external load from the others' entries, and publishes this process's.
+    /// Sets each peer's external load from the others' entries, and returns those. The process
+    /// id is asked each time: this is made before a daemon forks.
     fn exchange(&self, locked: &mut Locked<'_>) -> Table {
         let mut table = locked.read();
-        table.remove(&self.pid);
+        table.remove(&std::process::id());
         let others = |id: &str| -> u32 { table.values().filter_map(|e| e.counts.get(id)).sum() };
         self.router.cluster().set_external(others);
         table
@@ -211,7 +210,7 @@ impl SharedLoad {
         } else {
             choose()
         };
-        table.insert(self.pid, self.own());
+        table.insert(std::process::id(), self.own());
         locked.write(&table);
         chosen
     }
@@ -241,7 +240,7 @@ impl SharedLoad {
                 return;
             }
         }
-        table.insert(self.pid, self.own());
+        table.insert(std::process::id(), self.own());
         locked.write(&table);
         // Another process's releases are capacity this one's waiters may take.
         self.router.load().waiters().wake_front();
@@ -251,7 +250,7 @@ impl SharedLoad {
     pub fn leave(&self) {
         if let Ok(mut locked) = self.lock() {
             let mut table = locked.read();
-            table.remove(&self.pid);
+            table.remove(&std::process::id());
             locked.write(&table);
         }
     }
