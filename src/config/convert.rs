@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use http::HeaderName;
 
+use super::error::ConfigError;
 use super::schema::{self, DnsRecord, File};
-use super::ConfigError;
 use crate::routing::{
     Balance, KeyConfig, KeySource, OutlierPolicy, PeerSpec, QueueLimit, RingConfig, Weight,
     MAX_WEIGHT, UNLIMITED,

@@ -5,41 +5,14 @@
 //! Every error names the field and the reason: unknown keys, wrong types and bad values alike.
 
 mod convert;
+mod error;
 pub mod schema;
 
-use std::fmt;
 use std::path::Path;
 
 use crate::routing::PeerSpec;
 use crate::settings::Settings;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// Where in the file, as `section.field` or `peers[2].addr`; empty for the file as a whole.
-    pub field: String,
-    pub reason: String,
-}
-
-impl ConfigError {
-    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            reason: reason.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            f.write_str(&self.reason)
-        } else {
-            write!(f, "{}: {}", self.field, self.reason)
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
+pub use error::ConfigError;
 
 /// Parses YAML into `T`, naming the field of any error.
 fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
