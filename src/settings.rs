@@ -41,12 +41,32 @@ pub struct RouterSettings {
 
 /// What the proxy needs of its own: how much body it reads, how it talks to peers, how long a
 /// request may wait for a slot, and its access log.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ProxySettings {
     pub peek: PeekLimits,
     pub upstream: Upstream,
     pub queue: QueueLimit,
     pub access_log: AccessLogFormat,
+    /// Longest a write to the client may block: a client that stops reading loses its response,
+    /// and its slot goes back, after this. Without it, a stream nobody reads holds a slot for
+    /// ever (the proxy stops reading the engine, so no upstream timeout fires either).
+    pub client_write_timeout: Duration,
+}
+
+impl ProxySettings {
+    pub const DEFAULT_CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            peek: PeekLimits::default(),
+            upstream: Upstream::default(),
+            queue: QueueLimit::default(),
+            access_log: AccessLogFormat::default(),
+            client_write_timeout: Self::DEFAULT_CLIENT_WRITE_TIMEOUT,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

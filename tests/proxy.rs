@@ -744,3 +744,54 @@ fn invalid_configs_are_refused_naming_the_field() {
         String::from_utf8_lossy(&ok.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_gives_its_slot_back() {
+    use tokio::io::AsyncWriteExt;
+    let up = start_upstream("a").await;
+    let cfg = format!(
+        "{}queue: {{max_waiting: 4, timeout_ms: 10000}}\nlimits: {{client_write_timeout_ms: 500}}\nhealth_check: {{enabled: false}}\n",
+        peers_yaml(&[&up], Some(1))
+    );
+    let proxy = start_proxy(&cfg).await;
+    // A client with a small receive buffer that asks for a 32 MB stream and reads none of it.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(proxy.addr).await.unwrap();
+    let body = chat("s", "q", 1, true);
+    let request = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-mock-events: 4000\r\nx-mock-interval-ms: 0\r\nx-mock-event-bytes: 8192\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stalled.write_all(request.as_bytes()).await.unwrap();
+    let start = Instant::now();
+    while proxy.in_flight_of(&up.addr_str()).await == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the stream never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The only slot is taken; the next request has it once the stalled stream is cut.
+    let r = client()
+        .post(proxy.url(CHAT))
+        .header("x-session-id", "someone else")
+        .body(chat("s", "another", 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "waited {:?} for the slot",
+        start.elapsed()
+    );
+    proxy.assert_idle().await;
+    let log = proxy.access_log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("TimedOut") || l.contains("timeout")),
+        "the access log does not say why the stream ended: {log}"
+    );
+    drop(stalled);
+}

@@ -229,6 +229,10 @@ fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
             timeout: Duration::from_millis(q.timeout_ms),
         },
         access_log: f.access_log,
+        client_write_timeout: millis(
+            "limits.client_write_timeout_ms",
+            f.limits.client_write_timeout_ms,
+        )?,
     })
 }
 

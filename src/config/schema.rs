@@ -12,7 +12,7 @@ use crate::access_log::AccessLogFormat;
 use crate::routing::{
     Balance, Fallback, KeyConfig, KeySource, OutlierPolicy, Policy, QueueLimit, RingConfig, Weight,
 };
-use crate::settings::{self, AdminSettings, Discovery, Dns, PeekLimits, Settings};
+use crate::settings::{self, AdminSettings, Discovery, Dns, PeekLimits, ProxySettings, Settings};
 
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
@@ -161,12 +161,15 @@ impl Default for Queue {
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     pub max_body_bytes: usize,
+    /// Longest a write to the client may block before its stream is ended.
+    pub client_write_timeout_ms: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_body_bytes: PeekLimits::default().max_body,
+            client_write_timeout_ms: ms(ProxySettings::DEFAULT_CLIENT_WRITE_TIMEOUT),
         }
     }
 }

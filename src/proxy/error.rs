@@ -152,7 +152,11 @@ pub fn status_for(e: &Error) -> u16 {
         _ => match e.esource() {
             ErrorSource::Upstream => 502,
             ErrorSource::Downstream => match e.etype() {
-                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                // Gone, or not reading: nothing more can be told to it.
+                ErrorType::WriteError
+                | ErrorType::WriteTimedout
+                | ErrorType::ReadError
+                | ErrorType::ConnectionClosed => 0,
                 ErrorType::ReadTimedout => 408,
                 _ => 400,
             },

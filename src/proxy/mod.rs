@@ -91,6 +91,7 @@ impl ProxyHttp for PrefixLb {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        session.set_write_timeout(Some(self.settings.client_write_timeout));
         let router = &self.router;
         let limits = self.settings.peek;
         if declared_length(session).is_some_and(|len| len > limits.max_body) {

@@ -77,7 +77,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// A mock OpenAI-compatible server. Request headers steer it:
 /// `x-mock-status: N` answers N; `x-mock-delay-ms: D` waits D ms before answering;
 /// `x-mock-events: N` with `x-mock-interval-ms: M` streams N SSE events M ms apart, and
-/// `x-mock-reset-after: K` drops the connection after K of them; otherwise it answers JSON
+/// `x-mock-reset-after: K` drops the connection after K of them, `x-mock-event-bytes: B` pads
+/// each event to about B bytes; otherwise it answers JSON
 /// naming itself and the body it got.
 pub async fn start_upstream(name: &str) -> Upstream {
     start_upstream_on(
@@ -173,23 +174,27 @@ async fn mock(State(s): State<MockState>, req: Request) -> Response {
     if let Some(events) = header_num(&h, "x-mock-events") {
         let interval = Duration::from_millis(header_num(&h, "x-mock-interval-ms").unwrap_or(10));
         let reset_after = header_num(&h, "x-mock-reset-after");
-        let stream = futures_util::stream::unfold(0u64, move |i| async move {
-            if i > events {
-                return None;
+        let pad = "x".repeat(header_num(&h, "x-mock-event-bytes").unwrap_or(0) as usize);
+        let stream = futures_util::stream::unfold(0u64, move |i| {
+            let pad = pad.clone();
+            async move {
+                if i > events {
+                    return None;
+                }
+                if i > 0 {
+                    tokio::time::sleep(interval).await;
+                }
+                if reset_after == Some(i) {
+                    // An error mid-body makes the server drop the connection: an upstream reset.
+                    return Some((Err(std::io::Error::other("mock reset")), events + 1));
+                }
+                let line = if i == events {
+                    "data: [DONE]\n\n".to_owned()
+                } else {
+                    format!("data: {{\"i\":{i},\"pad\":\"{pad}\"}}\n\n")
+                };
+                Some((Ok::<_, std::io::Error>(line), i + 1))
             }
-            if i > 0 {
-                tokio::time::sleep(interval).await;
-            }
-            if reset_after == Some(i) {
-                // An error mid-body makes the server drop the connection: an upstream reset.
-                return Some((Err(std::io::Error::other("mock reset")), events + 1));
-            }
-            let line = if i == events {
-                "data: [DONE]\n\n".to_owned()
-            } else {
-                format!("data: {{\"i\":{i}}}\n\n")
-            };
-            Some((Ok::<_, std::io::Error>(line), i + 1))
         });
         // The guard lives as long as the stream: the request is active until it ends.
         let stream = futures_util::StreamExt::map(stream, move |item| {
