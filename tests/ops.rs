@@ -305,3 +305,53 @@ async fn a_removed_peer_leaves_no_series_behind() {
     )
     .is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_removed_mid_stream_leaves_no_series_when_the_stream_ends() {
+    let ups = upstreams::<2>().await;
+    let dir = tempfile::tempdir().unwrap();
+    let peers = dir.path().join("peers.yaml");
+    std::fs::write(&peers, peers_yaml(&[&ups[0]], None)).unwrap();
+    let cfg = format!(
+        "discovery: {{peers_file: \"{}\", reload_interval_ms: 20}}\nhealth_check: {{enabled: false}}\n",
+        peers.display()
+    );
+    let proxy = start_proxy(&cfg).await;
+    let a = ups[0].addr_str();
+    let stream = client()
+        .post(proxy.url(CHAT))
+        .header("x-mock-events", "10")
+        .header("x-mock-interval-ms", "100")
+        .body(chat("s", "q", 1, true))
+        .send()
+        .await
+        .unwrap();
+    // Removed while its stream runs, by a rename, as a peers file should be written.
+    let tmp = dir.path().join("peers.tmp");
+    std::fs::write(&tmp, peers_yaml(&[&ups[1]], None)).unwrap();
+    std::fs::rename(&tmp, &peers).unwrap();
+    let start = std::time::Instant::now();
+    while proxy.peers().await["peers"][0]["address"] != ups[1].addr_str() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the reload did not happen"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = stream.text().await.unwrap();
+    assert!(
+        text.ends_with("data: [DONE]\n\n"),
+        "the stream was cut: {text}"
+    );
+    proxy.assert_idle().await;
+    let m = scrape(&proxy.metrics().await);
+    let left: Vec<_> = m
+        .samples
+        .iter()
+        .filter(|s| s.labels.get("peer") == Some(&a))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "series of the removed peer came back: {left:?}"
+    );
+}

@@ -795,3 +795,38 @@ async fn a_client_that_stops_reading_gives_its_slot_back() {
     );
     drop(stalled);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_for_want_of_a_slot_reaches_a_client_still_sending_its_body() {
+    let up = start_upstream("a").await;
+    let cfg = format!(
+        "{}queue: {{max_waiting: 0}}\nhealth_check: {{enabled: false}}\n",
+        peers_yaml(&[&up], Some(1))
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let held = c
+        .post(proxy.url(CHAT))
+        .header("x-mock-events", "30")
+        .header("x-mock-interval-ms", "100")
+        .body(chat("s", "q", 1, true))
+        .send()
+        .await
+        .unwrap();
+    // A 20 MB prompt: the key is read from its first bytes, the rest is still unsent when the
+    // 503 is answered.
+    let long = chat(&"long system prompt ".repeat(1_100_000), "q", 1, false);
+    for _ in 0..3 {
+        let r = c
+            .post(proxy.url(CHAT))
+            .header("x-session-id", "another")
+            .body(long.clone())
+            .send()
+            .await
+            .expect("the 503 must arrive, not a reset");
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "1");
+    }
+    drop(held);
+    proxy.assert_idle().await;
+}

@@ -149,7 +149,9 @@ impl ProxyHttp for PrefixLb {
             }
             Err(why) => {
                 metrics::REJECTIONS.with_label_values(&[why.as_str()]).inc();
-                ApiError::rejected(why).send(session).await?;
+                // The body may still be on its way: closing on it would reset the connection
+                // before the client reads the 503.
+                ApiError::rejected(why).send_and_close(session).await?;
                 Ok(true)
             }
         }
@@ -306,24 +308,22 @@ impl ProxyHttp for PrefixLb {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         // The response has ended or the client has gone: either way the slot is free now.
         let slot = ctx.slot.take();
-        let peer = slot
+        let served_by = slot
             .as_ref()
-            .map(|s| s.peer())
-            .or(ctx.released.as_ref())
-            .map(|p| p.id().to_owned());
+            .map(|s| Arc::clone(s.peer()))
+            .or(ctx.released.take());
         drop(slot);
         let duration = ctx.arrived.elapsed();
         metrics::DURATION.observe(duration.as_secs_f64());
         let route = ctx.route_label();
-        if let (Some(peer), Some(route)) = (&peer, route) {
+        // A peer removed while this ran has had its series dropped; counting it now would bring
+        // them back, for good.
+        if let (Some(p), Some(route)) = (served_by.as_ref().filter(|p| !p.removed()), route) {
             metrics::PEER_REQUESTS
-                .with_label_values(&[
-                    peer.as_str(),
-                    route,
-                    metrics::status_class(ctx.upstream_status),
-                ])
+                .with_label_values(&[p.id(), route, metrics::status_class(ctx.upstream_status)])
                 .inc();
         }
+        let peer = served_by.map(|p| p.id().to_owned());
         if !self.access_log.enabled() {
             return;
         }
