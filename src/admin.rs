@@ -8,6 +8,7 @@ use http::{Method, Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use serde_json::json;
+use subtle::ConstantTimeEq;
 
 use crate::router::Router;
 
@@ -30,8 +31,11 @@ impl Admin {
             .headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        given == Some(token.as_str())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, given)| given.trim());
+        // In constant time: how much of a guess matched must not show in how long it took.
+        given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())))
     }
 
     /// `{"peers": [...], "in_flight": n, "waiting": n}`, the peers in address order.
@@ -82,6 +86,30 @@ fn error(status: StatusCode, message: &str) -> Response<Vec<u8>> {
     reply(status, json!({ "error": { "message": message } }))
 }
 
+/// Whether a web page could have made a browser send this request: it carries an `Origin`, or
+/// a body type that a form or a plain `fetch` sends without asking the server first. A page
+/// the operator has open must not drain the cluster.
+fn from_a_page(session: &ServerSession) -> bool {
+    let headers = &session.req_header().headers;
+    let simple_body = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .is_some_and(|mime| {
+            matches!(
+                mime.as_str(),
+                "application/x-www-form-urlencoded" | "multipart/form-data" | "text/plain"
+            )
+        });
+    headers.contains_key(http::header::ORIGIN) || simple_body
+}
+
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
@@ -100,6 +128,10 @@ impl ServeHttp for Admin {
                     .await
             }
             (Method::GET, ["admin", "peers"]) => reply(StatusCode::OK, self.peers_json()),
+            (Method::POST, ["admin", "peers", ..]) if from_a_page(session) => error(
+                StatusCode::FORBIDDEN,
+                "state-changing admin calls are refused from web pages (Origin or form body)",
+            ),
             (Method::POST, ["admin", "peers", addr, action @ ("drain" | "undrain")]) => {
                 match self.drain(addr, *action == "drain") {
                     Some(body) => reply(StatusCode::OK, body),

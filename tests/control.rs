@@ -498,6 +498,56 @@ async fn the_admin_api_can_require_a_bearer_token() {
     assert_eq!(denied.status(), 401);
     let allowed = c.get(&url).bearer_auth("s3cret").send().await.unwrap();
     assert_eq!(allowed.status(), 200);
+    for (auth, status) in [
+        ("bearer s3cret", 200),
+        ("BEARER s3cret", 200),
+        ("Bearer s3cre", 401),
+        ("Bearer s3cret2", 401),
+        ("Basic s3cret", 401),
+    ] {
+        let r = c
+            .get(&url)
+            .header("authorization", auth)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{auth}");
+    }
+    // What a web page could make a browser send is refused; a tool's plain POST is not.
+    let drain = format!("http://127.0.0.1:{admin}/admin/peers/{}/drain", up.addr);
+    let undrain = drain.replace("/drain", "/undrain");
+    let from_page = [
+        ("origin", "http://evil.example"),
+        ("content-type", "text/plain"),
+        ("content-type", "application/x-www-form-urlencoded"),
+        ("content-type", "multipart/form-data; boundary=x"),
+    ];
+    for (name, value) in from_page {
+        let r = c
+            .post(&drain)
+            .bearer_auth("s3cret")
+            .header(name, value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{name}: {value}");
+    }
+    let listing = c.get(&url).bearer_auth("s3cret").send().await.unwrap();
+    let listing: serde_json::Value = listing.json().await.unwrap();
+    assert_eq!(
+        listing["peers"][0]["draining"], false,
+        "a refused call changed something"
+    );
+    let r = c.post(&drain).bearer_auth("s3cret").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .post(&undrain)
+        .bearer_auth("s3cret")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
     let _ = child.kill();
     let _ = child.wait();
 }

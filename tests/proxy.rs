@@ -716,6 +716,7 @@ fn invalid_configs_are_refused_naming_the_field() {
         ("peers: [{addr: \"not an address\"}]", "peers[0].addr"),
         ("queue: {max_waiting: -1}", "queue.max_waiting"),
         ("listen: [\"127.0.0.1:99999\"]", "listen[0]"),
+        ("admin: {listen: \"0.0.0.0:9090\"}", "admin.listen"),
         (
             "peers: [{addr: \"127.0.0.1:1\"}, {addr: \"127.0.0.1:2\", weight: 0}]",
             "peers[1].weight",

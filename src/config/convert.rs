@@ -121,8 +121,15 @@ fn admin(a: schema::Admin) -> Result<Option<AdminSettings>, ConfigError> {
             "must not be empty (omit it for none)",
         ));
     }
+    let listen = socket_addr("admin.listen", &listen)?;
+    if !listen.ip().is_loopback() && a.token.is_none() {
+        return Err(ConfigError::new(
+            "admin.listen",
+            format!("{listen} is not loopback: set admin.token, since the admin API can drain every peer"),
+        ));
+    }
     Ok(Some(AdminSettings {
-        listen: socket_addr("admin.listen", &listen)?,
+        listen,
         token: a.token,
     }))
 }
