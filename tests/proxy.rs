@@ -831,3 +831,58 @@ async fn a_503_for_want_of_a_slot_reaches_a_client_still_sending_its_body() {
     drop(held);
     proxy.assert_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_client_leaves_leaves_the_line_at_once() {
+    use tokio::io::AsyncWriteExt;
+    let up = start_upstream("a").await;
+    let cfg = format!(
+        "{}queue: {{max_waiting: 4, timeout_ms: 10000}}\nhealth_check: {{enabled: false}}\n",
+        peers_yaml(&[&up], Some(1))
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let held = c
+        .post(proxy.url(CHAT))
+        .header("x-mock-events", "10")
+        .header("x-mock-interval-ms", "100")
+        .body(chat("s", "q", 1, true))
+        .send()
+        .await
+        .unwrap();
+    let body = chat("s", "the one who leaves", 1, false);
+    let mut leaving = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    leaving
+        .write_all(
+            format!(
+                "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let waiting = |l: &serde_json::Value| l["waiting"].as_u64().unwrap();
+    let start = Instant::now();
+    while waiting(&proxy.peers().await) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(5), "it never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(leaving);
+    let left = Instant::now();
+    while waiting(&proxy.peers().await) != 0 {
+        assert!(
+            left.elapsed() < Duration::from_millis(500),
+            "the gone client kept its place"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.text().await.unwrap();
+    proxy.assert_idle().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        up.seen().len(),
+        1,
+        "the gone client's request went upstream"
+    );
+}

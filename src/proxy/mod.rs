@@ -131,14 +131,29 @@ impl ProxyHttp for PrefixLb {
         metrics::KEY_SOURCES
             .with_label_values(&[key.source.as_str()])
             .inc();
-        let admitted = router
-            .load()
-            .waiters()
-            .admit(self.settings.queue, || {
-                self.shared
-                    .choose_in_turn(|| router.cluster().select(&router.balance, key.hash, &[]))
-            })
-            .await;
+        let admit = router.load().waiters().admit(self.settings.queue, || {
+            self.shared
+                .choose_in_turn(|| router.cluster().select(&router.balance, key.hash, &[]))
+        });
+        tokio::pin!(admit);
+        // A client that leaves while it waits leaves the line at once, rather than being
+        // admitted later and sent upstream. Only a request read to its end can be watched:
+        // reading more of a body would take bytes that must go upstream.
+        let admitted = if session.is_body_done() {
+            tokio::select! {
+                biased;
+                admitted = &mut admit => admitted,
+                gone = session.read_body_or_idle(true) => match gone {
+                    Err(e) => {
+                        metrics::REJECTIONS.with_label_values(&["client_gone"]).inc();
+                        return Err(e.into_down());
+                    }
+                    Ok(_) => admit.await,
+                },
+            }
+        } else {
+            admit.await
+        };
         match admitted {
             Ok((routed, waited)) => {
                 if !waited.is_zero() {
