@@ -886,3 +886,51 @@ async fn a_waiter_whose_client_leaves_leaves_the_line_at_once() {
         "the gone client's request went upstream"
     );
 }
+
+/// Sends `head` (a request line and headers, without the blank line) and `body` on a raw
+/// connection; returns the response's status code.
+async fn raw_status(proxy: &Proxy, head: &str, body: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(format!("{head}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    // The answer may come before the whole body is taken: a refused write is fine.
+    let _ = s.write_all(body).await;
+    let mut response = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !response.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => response.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&response);
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_content_length_is_a_length() {
+    let up = start_upstream("a").await;
+    let cfg = format!(
+        "{}limits: {{max_body_bytes: 100000}}\nhealth_check: {{enabled: false}}\n",
+        peers_yaml(&[&up], None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let head = |n: usize| format!("POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-length: {n}, {n}");
+    let big = sized_body(150_000);
+    assert_eq!(raw_status(&proxy, &head(big.len()), &big).await, 413);
+    let fits = sized_body(90_000);
+    assert_eq!(raw_status(&proxy, &head(fits.len()), &fits).await, 200);
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].sha256,
+        sha256_hex(&fits),
+        "the body went upstream changed"
+    );
+    proxy.assert_idle().await;
+}

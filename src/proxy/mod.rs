@@ -248,12 +248,16 @@ impl ProxyHttp for PrefixLb {
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         if ctx.continued {
             upstream_request.remove_header(&http::header::EXPECT);
+        }
+        // A length sent as `42, 42` (or twice) goes upstream once: servers may refuse the list.
+        if let Some(n) = declared_length(session) {
+            upstream_request.insert_header(http::header::CONTENT_LENGTH, n.to_string())?;
         }
         Ok(())
     }

@@ -155,15 +155,17 @@ pub fn expects_continue(session: &Session) -> bool {
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
-/// The body length the client declared, if it declared one.
+/// The body length the client declared, if it declared one. `Content-Length: 42, 42` (or the
+/// header twice) declares 42, as Pingora reads it too (RFC 9110 §8.6); values that differ
+/// declare nothing.
 pub fn declared_length(session: &Session) -> Option<usize> {
-    session
+    let mut lengths = session
         .req_header()
         .headers
-        .get(CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+        .get_all(CONTENT_LENGTH)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("x").split(','))
+        .map(|n| n.trim().parse::<usize>().ok());
+    let first = lengths.next()??;
+    lengths.all(|n| n == Some(first)).then_some(first)
 }
