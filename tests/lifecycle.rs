@@ -25,14 +25,7 @@ async fn proxy_for(up: &Upstream) -> Proxy {
 /// Starts a stream of `events` SSE events `interval_ms` apart; returns a task that reads it to
 /// the end and tells whether it ended with `[DONE]`.
 async fn stream(proxy: &Proxy, events: u32, interval_ms: u32) -> tokio::task::JoinHandle<bool> {
-    let r = client()
-        .post(proxy.url("/v1/chat/completions"))
-        .header("x-mock-events", events.to_string())
-        .header("x-mock-interval-ms", interval_ms.to_string())
-        .body(chat("s", "q", 1, true))
-        .send()
-        .await
-        .unwrap();
+    let r = open_stream(proxy, events, interval_ms).await;
     assert_eq!(r.status(), 200);
     tokio::spawn(async move {
         let mut body = r.bytes_stream();

@@ -318,14 +318,7 @@ async fn a_peer_removed_mid_stream_leaves_no_series_when_the_stream_ends() {
     );
     let proxy = start_proxy(&cfg).await;
     let a = ups[0].addr_str();
-    let stream = client()
-        .post(proxy.url(CHAT))
-        .header("x-mock-events", "10")
-        .header("x-mock-interval-ms", "100")
-        .body(chat("s", "q", 1, true))
-        .send()
-        .await
-        .unwrap();
+    let stream = open_stream(&proxy, 10, 100).await;
     // Removed while its stream runs, by a rename, as a peers file should be written.
     let tmp = dir.path().join("peers.tmp");
     std::fs::write(&tmp, peers_yaml(&[&ups[1]], None)).unwrap();

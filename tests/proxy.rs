@@ -806,14 +806,7 @@ async fn a_503_for_want_of_a_slot_reaches_a_client_still_sending_its_body() {
     );
     let proxy = start_proxy(&cfg).await;
     let c = client();
-    let held = c
-        .post(proxy.url(CHAT))
-        .header("x-mock-events", "30")
-        .header("x-mock-interval-ms", "100")
-        .body(chat("s", "q", 1, true))
-        .send()
-        .await
-        .unwrap();
+    let held = open_stream(&proxy, 30, 100).await;
     // A 20 MB prompt: the key is read from its first bytes, the rest is still unsent when the
     // 503 is answered.
     let long = chat(&"long system prompt ".repeat(1_100_000), "q", 1, false);
@@ -841,15 +834,7 @@ async fn a_waiter_whose_client_leaves_leaves_the_line_at_once() {
         peers_yaml(&[&up], Some(1))
     );
     let proxy = start_proxy(&cfg).await;
-    let c = client();
-    let held = c
-        .post(proxy.url(CHAT))
-        .header("x-mock-events", "10")
-        .header("x-mock-interval-ms", "100")
-        .body(chat("s", "q", 1, true))
-        .send()
-        .await
-        .unwrap();
+    let held = open_stream(&proxy, 10, 100).await;
     let body = chat("s", "the one who leaves", 1, false);
     let mut leaving = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     leaving

@@ -494,6 +494,19 @@ pub fn chat(system: &str, first: &str, turns: usize, stream: bool) -> String {
     serde_json::json!({"model": "m", "stream": stream, "messages": messages}).to_string()
 }
 
+/// Opens a chat stream through `proxy` of `events` SSE events `interval_ms` apart (the mock
+/// upstream makes them); returns once the response head is in.
+pub async fn open_stream(proxy: &Proxy, events: u32, interval_ms: u32) -> reqwest::Response {
+    client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("x-mock-events", events.to_string())
+        .header("x-mock-interval-ms", interval_ms.to_string())
+        .body(chat("s", "q", 1, true))
+        .send()
+        .await
+        .unwrap()
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().build().unwrap()
 }
