@@ -256,8 +256,15 @@ impl ProxyHttp for PrefixLb {
             upstream_request.remove_header(&http::header::EXPECT);
         }
         // A length sent as `42, 42` (or twice) goes upstream once: servers may refuse the list.
-        if let Some(n) = declared_length(session) {
-            upstream_request.insert_header(http::header::CONTENT_LENGTH, n.to_string())?;
+        let lengths = upstream_request
+            .headers
+            .get_all(http::header::CONTENT_LENGTH);
+        let listed =
+            lengths.iter().count() > 1 || lengths.iter().any(|v| v.as_bytes().contains(&b','));
+        if listed {
+            if let Some(n) = declared_length(session) {
+                upstream_request.insert_header(http::header::CONTENT_LENGTH, n.to_string())?;
+            }
         }
         Ok(())
     }
