@@ -62,8 +62,11 @@ impl Router {
     /// Counts a failed request (connect error or 5xx) against `peer`. Returns the ejection
     /// it caused, if it caused one.
     pub fn peer_failed(&self, peer: &Peer) -> Option<Duration> {
-        let backoff = peer.record_failure(&self.outlier)?;
-        self.cluster().refresh();
+        let cluster = self.cluster();
+        let ejected = cluster.peers().iter().filter(|p| p.ejected()).count();
+        let may_eject = self.outlier.may_eject(ejected, cluster.peers().len());
+        let backoff = peer.record_failure(&self.outlier, may_eject)?;
+        cluster.refresh();
         Some(backoff)
     }
 

@@ -197,6 +197,36 @@ async fn repeated_5xx_eject_a_peer_but_4xx_do_not() {
     assert_eq!(served_by(&c, &proxy, &conv).await, "a");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_everywhere_eject_no_more_than_the_cap() {
+    let ups = upstreams::<2>().await;
+    let cfg = format!(
+        "{}health_check: {{enabled: false}}\noutlier: {{consecutive_failures: 2, base_ejection_ms: 10000, max_ejection_ms: 10000, max_ejected_percent: 50}}\n",
+        peers_yaml(&ups, None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    // Every engine answers 500, to every conversation.
+    for i in 0..30 {
+        let r = c
+            .post(proxy.url(CHAT))
+            .header("x-mock-status", "500")
+            .body(chat("sys", &format!("c{i}"), 1, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500, "request {i} found no peer to fail on");
+    }
+    let listing = proxy.peers().await;
+    let ejected = listing["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["ejected"] == true)
+        .count();
+    assert_eq!(ejected, 1, "half of two peers is one: {listing}");
+}
+
 fn write_peers(path: &std::path::Path, peers: &[(&Upstream, u32)]) {
     let mut s = String::from("peers:\n");
     for (u, w) in peers {

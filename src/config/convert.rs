@@ -164,6 +164,15 @@ fn router(r: &schema::Routing, o: &schema::Outlier) -> Result<RouterSettings, Co
             consecutive_failures: o.consecutive_failures,
             base_ejection,
             max_ejection: Duration::from_millis(o.max_ejection_ms),
+            max_ejected_percent: match o.max_ejected_percent {
+                p @ 0..=100 => p,
+                _ => {
+                    return Err(ConfigError::new(
+                        "outlier.max_ejected_percent",
+                        "must be from 0 to 100",
+                    ))
+                }
+            },
         },
     })
 }

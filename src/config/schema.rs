@@ -306,6 +306,8 @@ pub struct Outlier {
     pub consecutive_failures: u32,
     pub base_ejection_ms: u64,
     pub max_ejection_ms: u64,
+    /// The most peers ejected at once, in percent of the members (one always may be).
+    pub max_ejected_percent: u32,
 }
 
 impl Default for Outlier {
@@ -315,6 +317,7 @@ impl Default for Outlier {
             consecutive_failures: o.consecutive_failures,
             base_ejection_ms: ms(o.base_ejection),
             max_ejection_ms: ms(o.max_ejection),
+            max_ejected_percent: o.max_ejected_percent,
         }
     }
 }

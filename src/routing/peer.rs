@@ -179,9 +179,9 @@ impl Peer {
     }
 
     /// A request to this peer failed to connect or got a 5xx. Returns the ejection it
-    /// caused, if it caused one.
-    pub fn record_failure(&self, policy: &OutlierPolicy) -> Option<Duration> {
-        self.outlier.record_failure(policy)
+    /// caused, if it caused one (and `may_eject` allowed one).
+    pub fn record_failure(&self, policy: &OutlierPolicy, may_eject: bool) -> Option<Duration> {
+        self.outlier.record_failure(policy, may_eject)
     }
 
     pub(super) fn set_limits(&self, spec: &PeerSpec) {
@@ -328,7 +328,7 @@ mod tests {
             ..OutlierPolicy::default()
         };
         assert!(p.eligible());
-        assert!(p.record_failure(&policy).is_some());
+        assert!(p.record_failure(&policy, true).is_some());
         assert!(p.ejected() && !p.eligible());
     }
 
