@@ -34,11 +34,35 @@ pub struct Entry<'a> {
 
 pub struct AccessLog {
     format: AccessLogFormat,
+    /// The secret the key hashes are keyed with.
+    secret: Vec<u8>,
 }
 
 impl AccessLog {
-    pub fn new(format: AccessLogFormat) -> Self {
-        Self { format }
+    /// A log whose key hashes are keyed with `secret`, or with a random one of this process's
+    /// when none is given (lines of one process then still group by key).
+    pub fn new(format: AccessLogFormat, secret: Option<&str>) -> Self {
+        let secret = match secret {
+            Some(s) => s.as_bytes().to_vec(),
+            None => {
+                use std::hash::BuildHasher;
+                let random = std::collections::hash_map::RandomState::new();
+                [random.hash_one(1u8), random.hash_one(2u8)]
+                    .iter()
+                    .flat_map(|h| h.to_le_bytes())
+                    .collect()
+            }
+        };
+        Self { format, secret }
+    }
+
+    /// How a routing key appears in the log: keyed, so that whoever reads the logs cannot
+    /// confirm a guessed prompt by hashing it the way the router does.
+    pub fn key_label(&self, hash: u64) -> String {
+        let mut keyed = Vec::with_capacity(self.secret.len() + 8);
+        keyed.extend_from_slice(&self.secret);
+        keyed.extend_from_slice(&hash.to_le_bytes());
+        format!("{:016x}", crate::routing::hash::murmur64(&keyed))
     }
 
     pub fn enabled(&self) -> bool {
@@ -84,6 +108,27 @@ impl AccessLog {
 mod tests {
     use super::*;
 
+    #[test]
+    fn key_labels_are_keyed() {
+        let (a, b) = (
+            AccessLog::new(AccessLogFormat::Plain, Some("one secret")),
+            AccessLog::new(AccessLogFormat::Plain, Some("another")),
+        );
+        let h = 0x1234_5678_9abc_def0;
+        assert_eq!(a.key_label(h), a.key_label(h), "one key, one label");
+        assert_ne!(a.key_label(h), b.key_label(h));
+        assert_ne!(
+            a.key_label(h),
+            format!("{h:016x}"),
+            "the routing hash itself"
+        );
+        let random = AccessLog::new(AccessLogFormat::Plain, None);
+        assert_ne!(
+            random.key_label(h),
+            AccessLog::new(AccessLogFormat::Plain, None).key_label(h)
+        );
+    }
+
     fn entry() -> Entry<'static> {
         Entry {
             time: "2026-12-01T10:00:00Z".into(),
@@ -104,7 +149,7 @@ mod tests {
 
     #[test]
     fn plain_and_json_carry_the_same_fields() {
-        let plain = AccessLog::new(AccessLogFormat::Plain)
+        let plain = AccessLog::new(AccessLogFormat::Plain, None)
             .line(&entry())
             .unwrap();
         assert_eq!(
@@ -112,7 +157,7 @@ mod tests {
             "2026-12-01T10:00:00Z POST /v1/chat/completions 200 peer=10.0.0.1:8000 route=overflow key=chat:00ff00ff00ff00ff ttft_ms=42 duration_ms=1234 bytes_in=900 bytes_out=7000 error=-"
         );
         let json: serde_json::Value = serde_json::from_str(
-            &AccessLog::new(AccessLogFormat::Json)
+            &AccessLog::new(AccessLogFormat::Json, None)
                 .line(&entry())
                 .unwrap(),
         )
@@ -120,7 +165,7 @@ mod tests {
         assert_eq!(json["route"], "overflow");
         assert_eq!(json["ttft_ms"], 42);
         assert_eq!(json["error"], serde_json::Value::Null);
-        assert!(AccessLog::new(AccessLogFormat::Off)
+        assert!(AccessLog::new(AccessLogFormat::Off, None)
             .line(&entry())
             .is_none());
     }

@@ -47,6 +47,9 @@ pub struct ProxySettings {
     pub upstream: Upstream,
     pub queue: QueueLimit,
     pub access_log: AccessLogFormat,
+    /// The secret the access log's key hashes are keyed with; a random one per process when
+    /// `None`.
+    pub access_log_key: Option<String>,
     /// Longest a write to the client may block: a client that stops reading loses its response,
     /// and its slot goes back, after this. Without it, a stream nobody reads holds a slot for
     /// ever (the proxy stops reading the engine, so no upstream timeout fires either).
@@ -64,6 +67,7 @@ impl Default for ProxySettings {
             upstream: Upstream::default(),
             queue: QueueLimit::default(),
             access_log: AccessLogFormat::default(),
+            access_log_key: None,
             client_write_timeout: Self::DEFAULT_CLIENT_WRITE_TIMEOUT,
         }
     }

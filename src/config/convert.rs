@@ -245,6 +245,7 @@ fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
             timeout: Duration::from_millis(q.timeout_ms),
         },
         access_log: f.access_log,
+        access_log_key: f.access_log_key.clone(),
         client_write_timeout: millis(
             "limits.client_write_timeout_ms",
             f.limits.client_write_timeout_ms,

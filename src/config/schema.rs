@@ -37,6 +37,9 @@ pub struct File {
     pub outlier: Outlier,
     /// One line per request on standard output: plain, json or off.
     pub access_log: AccessLogFormat,
+    /// The secret the log's key hashes are keyed with (the same on every replica, for logs
+    /// that group across them); a random one per process when absent.
+    pub access_log_key: Option<String>,
 }
 
 impl Default for File {
@@ -53,6 +56,7 @@ impl Default for File {
             health_check: HealthCheck::default(),
             outlier: Outlier::default(),
             access_log: AccessLogFormat::default(),
+            access_log_key: None,
         }
     }
 }

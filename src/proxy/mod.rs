@@ -49,7 +49,7 @@ impl PrefixLb {
     ) -> Self {
         Self {
             router,
-            access_log: AccessLog::new(settings.access_log),
+            access_log: AccessLog::new(settings.access_log, settings.access_log_key.as_deref()),
             settings,
             activity,
             shared,
@@ -362,7 +362,10 @@ impl ProxyHttp for PrefixLb {
             peer: peer.as_deref(),
             route,
             key_source: ctx.key.map(|k| k.source.as_str()),
-            key_hash: ctx.key.and_then(|k| k.hash).map(|h| format!("{h:016x}")),
+            key_hash: ctx
+                .key
+                .and_then(|k| k.hash)
+                .map(|h| self.access_log.key_label(h)),
             ttft_ms: ctx.first_byte.map(|d| d.as_millis() as u64),
             duration_ms: duration.as_millis() as u64,
             bytes_in: session.body_bytes_read(),
