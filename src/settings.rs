@@ -78,6 +78,8 @@ pub struct PeekLimits {
     /// How much of a prompt-carrying body is read, at most, to find its key.
     pub peek_limit: usize,
     pub max_body: usize,
+    /// How long reading that much may take in all; 408 after it.
+    pub deadline: Duration,
 }
 
 impl Default for PeekLimits {
@@ -85,6 +87,7 @@ impl Default for PeekLimits {
         Self {
             peek_limit: 64 * 1024,
             max_body: 32 * 1024 * 1024,
+            deadline: Duration::from_secs(30),
         }
     }
 }

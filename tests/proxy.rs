@@ -919,3 +919,24 @@ async fn a_repeated_content_length_is_a_length() {
     );
     proxy.assert_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_trickles_in_gets_408_at_the_peek_deadline() {
+    let up = start_upstream("a").await;
+    let cfg = format!(
+        "{}routing: {{peek_timeout_ms: 500}}\nhealth_check: {{enabled: false}}\n",
+        peers_yaml(&[&up], None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let start = Instant::now();
+    // Ten bytes of a thousand, then nothing: each read waits far less than Pingora's 60 s.
+    let head = format!("POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-length: 1000");
+    assert_eq!(raw_status(&proxy, &head, b"{\"messages").await, 408);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(up.seen().is_empty(), "a body that never came went upstream");
+    proxy.assert_idle().await;
+}

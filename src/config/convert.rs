@@ -232,6 +232,7 @@ fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
         peek: PeekLimits {
             peek_limit: f.routing.peek_limit_bytes,
             max_body: f.limits.max_body_bytes,
+            deadline: millis("routing.peek_timeout_ms", f.routing.peek_timeout_ms)?,
         },
         upstream: Upstream {
             connect_timeout: millis("upstream.connect_timeout_ms", u.connect_timeout_ms)?,

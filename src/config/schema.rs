@@ -90,6 +90,8 @@ pub struct Routing {
     pub vnodes_per_weight: u32,
     /// How much of a prompt-carrying body is read, at most, to find its key.
     pub peek_limit_bytes: usize,
+    /// How long reading it may take in all.
+    pub peek_timeout_ms: u64,
     pub key: Key,
 }
 
@@ -101,6 +103,7 @@ impl Default for Routing {
             balance_factor: balance.balance_factor,
             vnodes_per_weight: RingConfig::default().vnodes_per_weight,
             peek_limit_bytes: PeekLimits::default().peek_limit,
+            peek_timeout_ms: ms(PeekLimits::default().deadline),
             key: Key::default(),
         }
     }

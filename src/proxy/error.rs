@@ -29,6 +29,19 @@ impl ApiError {
         }
     }
 
+    pub fn peek_timeout(deadline: std::time::Duration) -> Self {
+        Self {
+            status: 408,
+            kind: "invalid_request_error",
+            code: "request_timeout",
+            message: format!(
+                "the request body did not arrive within {} ms",
+                deadline.as_millis()
+            ),
+            retry_after_secs: None,
+        }
+    }
+
     pub fn rejected(why: Rejection) -> Self {
         let (code, message) = match why {
             Rejection::NoPeer => ("no_healthy_upstream", "no inference server is available"),

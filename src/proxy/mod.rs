@@ -106,7 +106,13 @@ impl ProxyHttp for PrefixLb {
             .body_kind(&header.method, header.uri.path(), &header.headers)
             .is_some()
         {
-            match peek_key(session, &router.keys, limits).await? {
+            // The deadline covers the whole read: a client trickling a byte now and then is
+            // cut off however short each pause.
+            let peeked =
+                tokio::time::timeout(limits.deadline, peek_key(session, &router.keys, limits))
+                    .await
+                    .unwrap_or_else(|_| Ok(Err(ApiError::peek_timeout(limits.deadline))));
+            match peeked? {
                 Ok(peeked) => {
                     metrics::PEEKED_BYTES.inc_by(peeked.bytes as u64);
                     ctx.unreplayed = peeked.unreplayed;
