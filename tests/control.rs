@@ -227,6 +227,48 @@ async fn errors_everywhere_eject_no_more_than_the_cap() {
     assert_eq!(ejected, 1, "half of two peers is one: {listing}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_takes_a_peer_whose_ejection_ran_out_without_health_checks() {
+    let ups = upstreams::<2>().await;
+    let cfg = format!(
+        "{}health_check: {{enabled: false}}\ndiscovery: {{reload_interval_ms: 50}}\noutlier: {{consecutive_failures: 2, base_ejection_ms: 400, max_ejection_ms: 400}}\nqueue: {{max_waiting: 4, timeout_ms: 10000}}\n",
+        peers_yaml(&ups, Some(1))
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let conv = conversation_on(&c, &proxy, "a").await;
+    for _ in 0..2 {
+        let r = c
+            .post(proxy.url(CHAT))
+            .header("x-mock-status", "500")
+            .body(chat("sys", &conv, 1, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500);
+    }
+    assert_eq!(
+        peer(&proxy.peers().await, &ups[0].addr_str())["ejected"],
+        true
+    );
+    // b's one slot is taken for 3 s; a is out for 400 ms.
+    let held = open_stream(&proxy, 30, 100).await;
+    let start = Instant::now();
+    let r = c
+        .post(proxy.url(CHAT))
+        .body(chat("sys", &conv, 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "the waiter waited {:?}: nobody told it a was back",
+        start.elapsed()
+    );
+    drop(held);
+}
+
 fn write_peers(path: &std::path::Path, peers: &[(&Upstream, u32)]) {
     let mut s = String::from("peers:\n");
     for (u, w) in peers {

@@ -162,6 +162,9 @@ impl ControlPlane {
                     true
                 }
             };
+            // Ejections end by the clock, with nobody told: count the peers back in, and let
+            // the waiting line look again.
+            self.router.cluster().refresh_and_wake();
             if let Err(e) = self.reload(force).await {
                 log::error!("peers from {label} not reloaded, keeping the current ones: {e}");
             }

@@ -174,6 +174,16 @@ impl Cluster {
         self.load.waiters().wake_front();
     }
 
+    /// Recomputes the eligible weight and wakes the waiting line when it grew: an ejection that
+    /// ran out is capacity nobody announced.
+    pub fn refresh_and_wake(&self) {
+        let before = self.eligible_weight();
+        self.refresh();
+        if self.eligible_weight() > before {
+            self.load.waiters().wake_front();
+        }
+    }
+
     /// Recomputes the eligible weight, after ejections began or ran out.
     pub fn refresh(&self) {
         let w = self
