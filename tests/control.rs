@@ -155,6 +155,23 @@ async fn a_killed_peer_goes_down_and_a_restarted_one_comes_back() {
     assert_eq!(served_by(&c, &proxy, &conv).await, "a");
 }
 
+/// A request in `conversation` that the mock engine answers with `status`; returns the status
+/// the client got.
+async fn answered_with(
+    c: &reqwest::Client,
+    proxy: &Proxy,
+    conversation: &str,
+    status: u16,
+) -> reqwest::StatusCode {
+    c.post(proxy.url(CHAT))
+        .header("x-mock-status", status.to_string())
+        .body(chat("sys", conversation, 1, false))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_5xx_eject_a_peer_but_4xx_do_not() {
     let ups = upstreams::<2>().await;
@@ -166,14 +183,8 @@ async fn repeated_5xx_eject_a_peer_but_4xx_do_not() {
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
     let a = ups[0].addr_str();
-    let with_status = |status: u16| {
-        c.post(proxy.url(CHAT))
-            .header("x-mock-status", status.to_string())
-            .body(chat("sys", &conv, 1, false))
-            .send()
-    };
     for _ in 0..10 {
-        assert_eq!(with_status(400).await.unwrap().status(), 400);
+        assert_eq!(answered_with(&c, &proxy, &conv, 400).await, 400);
     }
     assert_eq!(
         peer(&proxy.peers().await, &a)["ejected"],
@@ -181,7 +192,7 @@ async fn repeated_5xx_eject_a_peer_but_4xx_do_not() {
         "4xx ejected the peer"
     );
     for _ in 0..3 {
-        assert_eq!(with_status(500).await.unwrap().status(), 500);
+        assert_eq!(answered_with(&c, &proxy, &conv, 500).await, 500);
     }
     assert_eq!(peer(&proxy.peers().await, &a)["ejected"], true);
     assert_eq!(
@@ -208,14 +219,8 @@ async fn errors_everywhere_eject_no_more_than_the_cap() {
     let c = client();
     // Every engine answers 500, to every conversation.
     for i in 0..30 {
-        let r = c
-            .post(proxy.url(CHAT))
-            .header("x-mock-status", "500")
-            .body(chat("sys", &format!("c{i}"), 1, false))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 500, "request {i} found no peer to fail on");
+        let status = answered_with(&c, &proxy, &format!("c{i}"), 500).await;
+        assert_eq!(status, 500, "request {i} found no peer to fail on");
     }
     let listing = proxy.peers().await;
     let ejected = listing["peers"]
@@ -238,14 +243,7 @@ async fn a_waiter_takes_a_peer_whose_ejection_ran_out_without_health_checks() {
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
     for _ in 0..2 {
-        let r = c
-            .post(proxy.url(CHAT))
-            .header("x-mock-status", "500")
-            .body(chat("sys", &conv, 1, false))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 500);
+        assert_eq!(answered_with(&c, &proxy, &conv, 500).await, 500);
     }
     assert_eq!(
         peer(&proxy.peers().await, &ups[0].addr_str())["ejected"],
