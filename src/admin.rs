@@ -66,7 +66,6 @@ impl Admin {
 
     fn drain(&self, addr: &str, draining: bool) -> Option<serde_json::Value> {
         self.router
-            .cluster()
             .set_draining(addr, draining)
             .then(|| self.peers_json())
     }

@@ -16,8 +16,8 @@ use crate::settings::RouterSettings;
 
 pub struct Router {
     cluster: ArcSwap<Cluster>,
-    /// Serialises membership changes: each rebuild must start from the cluster the last one
-    /// stored.
+    /// Serialises changes to the cluster: each rebuild must start from the cluster the last one
+    /// stored, and a drain or a health change must land on the cluster that stays.
     membership: Mutex<()>,
     load: Arc<ClusterLoad>,
     pub keys: KeyExtractor,
@@ -59,7 +59,7 @@ impl Router {
         &self.load
     }
 
-    /// Counts a failed request (connect error or 5xx) against `peer`. Returns the ejection
+    /// Counts a failed request (connect error or gateway answer) against `peer`. Returns the ejection
     /// it caused, if it caused one.
     pub fn peer_failed(&self, peer: &Peer) -> Option<Duration> {
         let cluster = self.cluster();
@@ -68,6 +68,19 @@ impl Router {
         let backoff = peer.record_failure(&self.outlier, may_eject)?;
         cluster.refresh();
         Some(backoff)
+    }
+
+    /// Drains a peer or takes it back; false when it is not a member. In turn with membership
+    /// changes, so that the eligible weight is recomputed on the cluster that stays.
+    pub fn set_draining(&self, id: &str, draining: bool) -> bool {
+        let _one_at_a_time = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        self.cluster().set_draining(id, draining)
+    }
+
+    /// Sets each peer's health from `healthy`, in turn with membership changes.
+    pub fn sync_health(&self, healthy: impl Fn(&pingora_load_balancing::Backend) -> bool) {
+        let _one_at_a_time = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        self.cluster().sync_health(healthy);
     }
 
     /// Replaces the peers: survivors keep their counts, health and drain state; removed peers

@@ -173,7 +173,7 @@ async fn answered_with(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repeated_5xx_eject_a_peer_but_4xx_do_not() {
+async fn repeated_gateway_errors_eject_a_peer_but_4xx_and_500_do_not() {
     let ups = upstreams::<2>().await;
     let cfg = format!(
         "{}health_check: {{enabled: false}}\noutlier: {{consecutive_failures: 3, base_ejection_ms: 1500, max_ejection_ms: 10000}}\n",
@@ -183,16 +183,19 @@ async fn repeated_5xx_eject_a_peer_but_4xx_do_not() {
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
     let a = ups[0].addr_str();
-    for _ in 0..10 {
-        assert_eq!(answered_with(&c, &proxy, &conv, 400).await, 400);
+    // A client that aims requests the engine refuses, or chokes on, at one session.
+    for status in [400, 500] {
+        for _ in 0..10 {
+            assert_eq!(answered_with(&c, &proxy, &conv, status).await, status);
+        }
+        assert_eq!(
+            peer(&proxy.peers().await, &a)["ejected"],
+            false,
+            "{status} answers ejected the peer"
+        );
     }
-    assert_eq!(
-        peer(&proxy.peers().await, &a)["ejected"],
-        false,
-        "4xx ejected the peer"
-    );
     for _ in 0..3 {
-        assert_eq!(answered_with(&c, &proxy, &conv, 500).await, 500);
+        assert_eq!(answered_with(&c, &proxy, &conv, 503).await, 503);
     }
     assert_eq!(peer(&proxy.peers().await, &a)["ejected"], true);
     assert_eq!(
@@ -217,10 +220,10 @@ async fn errors_everywhere_eject_no_more_than_the_cap() {
     );
     let proxy = start_proxy(&cfg).await;
     let c = client();
-    // Every engine answers 500, to every conversation.
+    // Every engine answers 503, to every conversation.
     for i in 0..30 {
-        let status = answered_with(&c, &proxy, &format!("c{i}"), 500).await;
-        assert_eq!(status, 500, "request {i} found no peer to fail on");
+        let status = answered_with(&c, &proxy, &format!("c{i}"), 503).await;
+        assert_eq!(status, 503, "request {i} found no peer to fail on");
     }
     let listing = proxy.peers().await;
     let ejected = listing["peers"]
@@ -243,7 +246,7 @@ async fn a_waiter_takes_a_peer_whose_ejection_ran_out_without_health_checks() {
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
     for _ in 0..2 {
-        assert_eq!(answered_with(&c, &proxy, &conv, 500).await, 500);
+        assert_eq!(answered_with(&c, &proxy, &conv, 502).await, 502);
     }
     assert_eq!(
         peer(&proxy.peers().await, &ups[0].addr_str())["ejected"],

@@ -380,3 +380,54 @@ fn ring_plugs_into_pingora_load_balancer() {
         assert_eq!(next.unwrap(), walk[1]);
     }
 }
+
+/// An admin drain racing a reload must not leave the new cluster counting the drained peer's
+/// weight in the bound's denominator.
+#[test]
+fn a_drain_racing_a_rebuild_lands_on_the_cluster_that_stays() {
+    use prefixlb::router::Router;
+    use prefixlb::settings::RouterSettings;
+    let settings = RouterSettings {
+        keys: KeyConfig::default(),
+        balance: BOUNDED,
+        ring: RingConfig {
+            vnodes_per_weight: 4,
+        },
+        outlier: OutlierPolicy::default(),
+    };
+    let lists = [uniform(3, 0), uniform(4, 0)];
+    let router = Arc::new(Router::new(settings, &lists[0]));
+    let drained = lists[0][0].addr.to_string();
+    let rounds = 3000;
+    let barrier = Arc::new(std::sync::Barrier::new(2));
+    let reloads = {
+        let (router, barrier, lists) = (Arc::clone(&router), Arc::clone(&barrier), lists.clone());
+        std::thread::spawn(move || {
+            for i in 0..rounds {
+                barrier.wait();
+                router.set_peers(lists[(i + 1) % 2].clone());
+                barrier.wait();
+            }
+        })
+    };
+    let mut stale = 0;
+    for i in 0..rounds {
+        barrier.wait();
+        // A varying head start, so that some drains fall inside the rebuild.
+        for _ in 0..(i * 37) % 2000 {
+            std::hint::spin_loop();
+        }
+        router.set_draining(&drained, i % 2 == 0);
+        barrier.wait();
+        let cluster = router.cluster();
+        let eligible: u64 = cluster
+            .peers()
+            .iter()
+            .filter(|p| p.eligible())
+            .map(|p| u64::from(p.weight()))
+            .sum();
+        stale += usize::from(cluster.eligible_weight() != eligible);
+    }
+    reloads.join().unwrap();
+    assert_eq!(stale, 0, "rounds that left a stale eligible weight");
+}

@@ -133,9 +133,7 @@ impl ControlPlane {
 
     fn sync_health(&self) {
         if self.health.is_some() {
-            self.router
-                .cluster()
-                .sync_health(|b| self.backends.ready(b));
+            self.router.sync_health(|b| self.backends.ready(b));
         } else {
             self.router.cluster().refresh();
         }

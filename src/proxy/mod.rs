@@ -26,7 +26,7 @@ use crate::control::shared_load::SharedLoad;
 use crate::lifecycle::Activity;
 use crate::metrics;
 use crate::router::Router;
-use crate::routing::{Decision, Peer, Rejection};
+use crate::routing::{is_peer_fault, Decision, Peer, Rejection};
 use crate::settings::ProxySettings;
 use ctx::RequestCtx;
 use error::{status_for, ApiError};
@@ -283,9 +283,7 @@ impl ProxyHttp for PrefixLb {
     ) -> Result<()> {
         ctx.upstream_status = Some(upstream_response.status.as_u16());
         if let Some(slot) = &ctx.slot {
-            // A 4xx is the client's problem (a prompt over the context length, say), not the
-            // server's: only 5xx count against the peer.
-            if upstream_response.status.is_server_error() {
+            if is_peer_fault(upstream_response.status.as_u16()) {
                 self.peer_failed(slot.peer());
             } else {
                 slot.peer().record_success();

@@ -69,7 +69,7 @@ pub use key::{
     BodyEnd, BodyKind, Extract, Fallback, FallbackReason, KeyConfig, KeyExtractor, KeySource,
     RequestParts, RoutingKey,
 };
-pub use outlier::OutlierPolicy;
+pub use outlier::{is_peer_fault, OutlierPolicy};
 pub use peer::{canonical, ClusterLoad, Peer, PeerSpec, Slot, Weight, MAX_WEIGHT, UNLIMITED};
 pub use policy::{Balance, Decision, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR};
 pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitQueue};

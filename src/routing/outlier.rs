@@ -1,14 +1,15 @@
 //! Passive outlier ejection: a peer whose requests keep failing is left out for a while, and
 //! for twice as long each time it fails again as soon as it is back.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 /// When to eject a peer that keeps failing, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutlierPolicy {
-    /// Consecutive failures (connect errors, 5xx) that eject a peer; 0 never ejects.
+    /// Consecutive failures (connect errors, [`is_peer_fault`] answers) that eject a peer; 0
+    /// never ejects.
     pub consecutive_failures: u32,
     /// The first ejection; each one that follows a failed probe lasts twice as long.
     pub base_ejection: Duration,
@@ -36,13 +37,21 @@ impl OutlierPolicy {
     }
 }
 
+/// Whether an engine's answer says the engine is unwell (down, overloaded, stuck) rather than
+/// that one request went wrong. Only these count towards an ejection: a client can make an
+/// engine answer 500 (or 4xx) at will, and must not get the peer its key lands on ejected.
+pub fn is_peer_fault(status: u16) -> bool {
+    matches!(status, 502..=504)
+}
+
 /// One peer's outlier state: consecutive failures, consecutive ejections (the backoff exponent;
 /// above 0 the peer is on probation) and when the current ejection ends.
 #[derive(Debug, Default)]
 pub struct Outlier {
     failures: AtomicU32,
     ejections: AtomicU32,
-    ejected: AtomicBool,
+    /// 0 when never ejected. The end alone says whether the peer is out: a flag beside it could
+    /// be cleared by a reader of an ejection that ran out just as another thread began a new one.
     ejected_until_ms: AtomicU64,
 }
 
@@ -56,14 +65,7 @@ impl Outlier {
     /// Ejected for failing, and the ejection has not run out. Once it has, the peer takes
     /// requests again on probation: its next failure ejects it again, for twice as long.
     pub fn ejected(&self) -> bool {
-        if !self.ejected.load(Ordering::Relaxed) {
-            return false;
-        }
-        if now_ms() < self.ejected_until_ms.load(Ordering::Relaxed) {
-            return true;
-        }
-        self.ejected.store(false, Ordering::Relaxed);
-        false
+        now_ms() < self.ejected_until_ms.load(Ordering::Relaxed)
     }
 
     /// A request got an answer that is not a server error.
@@ -74,7 +76,7 @@ impl Outlier {
         }
     }
 
-    /// A request failed to connect or got a 5xx. Returns the ejection it caused, if any;
+    /// A request failed to connect or got a gateway answer. Returns the ejection it caused, if any;
     /// with `may_eject` off (too many peers are out already) it counts the failure only.
     pub fn record_failure(&self, policy: &OutlierPolicy, may_eject: bool) -> Option<Duration> {
         if policy.consecutive_failures == 0 || self.ejected() {
@@ -93,14 +95,23 @@ impl Outlier {
             .min(policy.max_ejection);
         let until = now_ms() + backoff.as_millis() as u64;
         self.ejected_until_ms.store(until, Ordering::Relaxed);
-        self.ejected.store(true, Ordering::Relaxed);
         Some(backoff)
+    }
+}
+
+#[cfg(test)]
+impl Outlier {
+    /// The state of a peer whose ejection has just run out.
+    fn expire(&self) {
+        self.ejected_until_ms.store(0, Ordering::Relaxed);
+        self.ejections.store(1, Ordering::Relaxed);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
 
     #[test]
     fn the_ejected_share_is_capped_but_one_is_always_allowed() {
@@ -117,6 +128,37 @@ mod tests {
         assert_eq!(p.record_failure(&one, false), None);
         assert!(!p.ejected(), "a capped failure ejects nothing");
         assert!(p.record_failure(&one, true).is_some());
+    }
+
+    /// A reader that finds an old ejection run out must not clear a new one that another
+    /// thread starts at the same moment.
+    #[test]
+    fn a_fresh_ejection_survives_a_reader_of_the_expired_one() {
+        let policy = OutlierPolicy {
+            consecutive_failures: 1,
+            base_ejection: Duration::from_secs(60),
+            ..OutlierPolicy::default()
+        };
+        let p = std::sync::Arc::new(Outlier::default());
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (p, stop) = (p.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    p.ejected();
+                }
+            })
+        };
+        let mut lost = 0;
+        for _ in 0..3_000_000 {
+            p.expire();
+            if p.record_failure(&policy, true).is_some() && !p.ejected() {
+                lost += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        reader.join().unwrap();
+        assert_eq!(lost, 0, "ejections lost to a concurrent reader");
     }
 
     #[test]

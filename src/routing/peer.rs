@@ -178,7 +178,7 @@ impl Peer {
         self.outlier.record_success();
     }
 
-    /// A request to this peer failed to connect or got a 5xx. Returns the ejection it
+    /// A request to this peer failed to connect or got a gateway answer. Returns the ejection it
     /// caused, if it caused one (and `may_eject` allowed one).
     pub fn record_failure(&self, policy: &OutlierPolicy, may_eject: bool) -> Option<Duration> {
         self.outlier.record_failure(policy, may_eject)
