@@ -70,6 +70,14 @@ impl PrefixLb {
     }
 }
 
+/// The final response header sent to the client, if one was. A `100 Continue` sent during the
+/// peek is not one: an error after it must still be answered, and logged, as itself.
+fn final_response(session: &Session) -> Option<&ResponseHeader> {
+    session
+        .response_written()
+        .filter(|r| !r.status.is_informational())
+}
+
 fn reject(ctx: &mut RequestCtx, why: Rejection) -> Box<Error> {
     metrics::REJECTIONS.with_label_values(&[why.as_str()]).inc();
     fail(ctx, ApiError::rejected(why))
@@ -241,7 +249,7 @@ impl ProxyHttp for PrefixLb {
         let mut e = e.more_context(format!("Peer: {peer}"));
         // Once response bytes reached the client, or the body cannot be replayed, a retry
         // would corrupt the response or the request.
-        if session.response_written().is_some()
+        if final_response(session).is_some()
             || !session.req_header().method.is_idempotent()
             || session.retry_buffer_truncated()
         {
@@ -362,7 +370,7 @@ impl ProxyHttp for PrefixLb {
             time: jiff::Timestamp::now().to_string(),
             method: header.method.as_str(),
             path: header.uri.path(),
-            status: session.response_written().map_or(0, |r| r.status.as_u16()),
+            status: final_response(session).map_or(0, |r| r.status.as_u16()),
             peer: peer.as_deref(),
             route,
             key_source: ctx.key.map(|k| k.source.as_str()),
@@ -400,7 +408,7 @@ impl ProxyHttp for PrefixLb {
         if let Some(slot) = ctx.slot.take() {
             ctx.released = Some(Arc::clone(slot.peer()));
         }
-        if session.response_written().is_none() {
+        if final_response(session).is_none() {
             if let Err(write) = api.send_and_close(session).await {
                 log::debug!("could not send the error response: {write}");
             }
