@@ -23,6 +23,7 @@ pub struct Entry<'a> {
     pub status: u16,
     pub peer: Option<&'a str>,
     pub route: Option<&'a str>,
+    pub request_id: Option<&'a str>,
     pub key_source: Option<&'a str>,
     pub key_hash: Option<String>,
     pub ttft_ms: Option<u64>,
@@ -76,13 +77,14 @@ impl AccessLog {
             AccessLogFormat::Plain => {
                 let dash = |v: Option<&str>| v.unwrap_or("-").to_owned();
                 Some(format!(
-                    "{} {} {} {} peer={} route={} key={}:{} ttft_ms={} duration_ms={} bytes_in={} bytes_out={} error={}",
+                    "{} {} {} {} peer={} route={} request_id={} key={}:{} ttft_ms={} duration_ms={} bytes_in={} bytes_out={} error={}",
                     e.time,
                     e.method,
                     e.path,
                     e.status,
                     dash(e.peer),
                     dash(e.route),
+                    dash(e.request_id),
                     dash(e.key_source),
                     dash(e.key_hash.as_deref()),
                     e.ttft_ms.map_or("-".into(), |v| v.to_string()),
@@ -137,6 +139,7 @@ mod tests {
             status: 200,
             peer: Some("10.0.0.1:8000"),
             route: Some("overflow"),
+            request_id: Some("r-1"),
             key_source: Some("chat"),
             key_hash: Some("00ff00ff00ff00ff".into()),
             ttft_ms: Some(42),
@@ -154,7 +157,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             plain,
-            "2026-12-01T10:00:00Z POST /v1/chat/completions 200 peer=10.0.0.1:8000 route=overflow key=chat:00ff00ff00ff00ff ttft_ms=42 duration_ms=1234 bytes_in=900 bytes_out=7000 error=-"
+            "2026-12-01T10:00:00Z POST /v1/chat/completions 200 peer=10.0.0.1:8000 route=overflow request_id=r-1 key=chat:00ff00ff00ff00ff ttft_ms=42 duration_ms=1234 bytes_in=900 bytes_out=7000 error=-"
         );
         let json: serde_json::Value = serde_json::from_str(
             &AccessLog::new(AccessLogFormat::Json, None)

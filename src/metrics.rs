@@ -44,7 +44,7 @@ metric!(PEER_EJECTIONS: IntCounterVec = register_int_counter_vec!(
 ));
 metric!(REJECTIONS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_rejections_total",
-    "Requests answered 503 for want of a slot: queue_full, queue_timeout or no_peer",
+    "Requests answered without a peer: 503 for want of a slot (queue_full, queue_timeout, no_peer, retry_saturated), waiters that left (client_gone), paths not forwarded (path_not_allowed)",
     &["reason"]
 ));
 metric!(QUEUE_WAIT: Histogram = register_histogram!(

@@ -54,6 +54,7 @@ pub struct ProxySettings {
     /// and its slot goes back, after this. Without it, a stream nobody reads holds a slot for
     /// ever (the proxy stops reading the engine, so no upstream timeout fires either).
     pub client_write_timeout: Duration,
+    pub forwarding: ForwardingSettings,
 }
 
 impl ProxySettings {
@@ -69,6 +70,63 @@ impl Default for ProxySettings {
             access_log: AccessLogFormat::default(),
             access_log_key: None,
             client_write_timeout: Self::DEFAULT_CLIENT_WRITE_TIMEOUT,
+            forwarding: ForwardingSettings::default(),
+        }
+    }
+}
+
+/// What is forwarded, and what the engines are told of the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardingSettings {
+    /// Proxies in front of this one: their `X-Forwarded-For` is appended to, anyone else's
+    /// replaced.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The header a request id is read from and passed on in; `None`: no request ids.
+    pub request_id_header: Option<http::HeaderName>,
+    /// Paths forwarded (exactly, or below an entry ending in `/*`); `None`: every path.
+    pub allowed_paths: Option<Vec<String>>,
+}
+
+impl ForwardingSettings {
+    /// The inference endpoints of the OpenAI API, vLLM and SGLang, their model lists and
+    /// health. Left out on purpose: the engines' own controls (profiling, cache flushing,
+    /// sleeping, weight and adapter loading), which a client must not reach through the
+    /// balancer, and their metrics.
+    pub const DEFAULT_PATHS: &[&str] = &[
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/responses/*",
+        "/v1/models",
+        "/v1/models/*",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/rerank",
+        "/v1/score",
+        "/score",
+        "/classify",
+        "/pooling",
+        "/tokenize",
+        "/detokenize",
+        "/generate",
+        "/encode",
+        "/get_model_info",
+        "/health",
+        "/health_generate",
+        "/ping",
+        "/version",
+    ];
+}
+
+impl Default for ForwardingSettings {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: Vec::new(),
+            request_id_header: Some(http::HeaderName::from_static("x-request-id")),
+            allowed_paths: Some(Self::DEFAULT_PATHS.iter().map(|p| p.to_string()).collect()),
         }
     }
 }

@@ -985,3 +985,110 @@ async fn a_body_that_trickles_in_gets_408_at_the_peek_deadline() {
     assert!(up.seen().is_empty(), "a body that never came went upstream");
     proxy.assert_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_see_who_asked_and_the_request_id_goes_both_ways() {
+    let up = start_upstream("a").await;
+    let proxy = start_proxy(&format!("{}access_log: plain\n", peers_yaml(&[&up], None))).await;
+    let c = client();
+    let sent = c
+        .post(proxy.url(CHAT))
+        .header("x-forwarded-for", "203.0.113.9")
+        .header("x-forwarded-proto", "https")
+        .header("x-request-id", "client-id-1")
+        .body(chat("s", "q", 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.headers()["x-request-id"], "client-id-1");
+    let made = c
+        .post(proxy.url(CHAT))
+        .header("x-request-id", "not usable: spaces")
+        .body(chat("s", "q", 1, false))
+        .send()
+        .await
+        .unwrap();
+    let made_id = made.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(made_id.len(), 32, "{made_id}");
+    let seen = up.seen();
+    let h = &seen[0].headers;
+    assert_eq!(
+        h["x-forwarded-for"], "127.0.0.1",
+        "a stranger's chain was kept"
+    );
+    assert_eq!(h["x-forwarded-proto"], "http");
+    assert_eq!(h["x-request-id"], "client-id-1");
+    assert_eq!(seen[1].headers["x-request-id"], made_id.as_str());
+    proxy.assert_idle().await;
+    let log = proxy.access_log();
+    assert!(log.contains("request_id=client-id-1"), "{log}");
+    assert!(log.contains(&format!("request_id={made_id}")), "{log}");
+
+    let trusting = start_proxy(&format!(
+        "{}forwarding: {{trusted_proxies: [127.0.0.0/8]}}\n",
+        peers_yaml(&[&up], None)
+    ))
+    .await;
+    c.post(trusting.url(CHAT))
+        .header("x-forwarded-for", "203.0.113.9")
+        .header("x-forwarded-proto", "https")
+        .body(chat("s", "q", 1, false))
+        .send()
+        .await
+        .unwrap();
+    let h = &up.seen()[2].headers;
+    assert_eq!(h["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+    assert_eq!(h["x-forwarded-proto"], "https");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engines_own_controls_are_not_reachable_through_the_balancer() {
+    let up = start_upstream("a").await;
+    let proxy = start_proxy(&peers_yaml(&[&up], None)).await;
+    let c = client();
+    for path in [
+        "/start_profile",
+        "/reset_prefix_cache",
+        "/v1/load_lora_adapter",
+        "/metrics",
+    ] {
+        let r = c.post(proxy.url(path)).body("{}").send().await.unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+        let err: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(err["error"]["code"], "unknown_url", "{path}");
+    }
+    assert!(up.seen().is_empty(), "{:?}", up.seen());
+    let r = c.get(proxy.url("/v1/models")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let open = start_proxy(&format!(
+        "{}forwarding: {{allowed_paths: null}}\n",
+        peers_yaml(&[&up], None)
+    ))
+    .await;
+    let r = c
+        .post(open.url("/start_profile"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "allowed_paths: null forwards every path");
+}
+
+/// A model list or a health probe is not a prompt: it neither waits for nor is refused a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_list_is_answered_while_every_slot_is_taken() {
+    let up = start_upstream("a").await;
+    let cfg = format!(
+        "{}queue: {{max_waiting: 0}}\nhealth_check: {{enabled: false}}\n",
+        peers_yaml(&[&up], Some(1))
+    );
+    let proxy = start_proxy(&cfg).await;
+    let held = open_stream(&proxy, 30, 100).await;
+    let c = client();
+    let prompt = post_chat(&c, &proxy, chat("s", "q", 1, false)).await;
+    assert_eq!(prompt.status(), 503, "the cluster is not full");
+    let r = c.get(proxy.url("/v1/models")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    drop(held);
+    proxy.assert_idle().await;
+}

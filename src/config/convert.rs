@@ -12,8 +12,8 @@ use crate::routing::{
     MAX_WEIGHT, UNLIMITED,
 };
 use crate::settings::{
-    AdminSettings, Discovery, Dns, DnsQuery, HealthCheck, PeekLimits, ProxySettings,
-    RouterSettings, Settings, Upstream,
+    AdminSettings, Discovery, Dns, DnsQuery, ForwardingSettings, HealthCheck, PeekLimits,
+    ProxySettings, RouterSettings, Settings, Upstream,
 };
 
 fn at_least_one(field: &str, n: u64) -> Result<(), ConfigError> {
@@ -251,6 +251,47 @@ fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
             "limits.client_write_timeout_ms",
             f.limits.client_write_timeout_ms,
         )?,
+        forwarding: forwarding(&f.forwarding)?,
+    })
+}
+
+fn forwarding(f: &schema::Forwarding) -> Result<ForwardingSettings, ConfigError> {
+    let trusted_proxies = f
+        .trusted_proxies
+        .iter()
+        .enumerate()
+        .map(|(i, net)| {
+            net.parse::<ipnet::IpNet>()
+                .or_else(|_| net.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| {
+                    ConfigError::new(
+                        format!("forwarding.trusted_proxies[{i}]"),
+                        format!("`{net}` is not an address or a network like 10.0.0.0/8"),
+                    )
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let request_id_header = f
+        .request_id_header
+        .as_deref()
+        .map(|h| {
+            HeaderName::try_from(h).map_err(|_| {
+                ConfigError::new(
+                    "forwarding.request_id_header",
+                    format!("`{h}` is not a header name"),
+                )
+            })
+        })
+        .transpose()?;
+    if let Some(paths) = &f.allowed_paths {
+        for (i, p) in paths.iter().enumerate() {
+            path(&format!("forwarding.allowed_paths[{i}]"), p)?;
+        }
+    }
+    Ok(ForwardingSettings {
+        trusted_proxies,
+        request_id_header,
+        allowed_paths: f.allowed_paths.clone(),
     })
 }
 

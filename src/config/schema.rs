@@ -12,7 +12,9 @@ use crate::access_log::AccessLogFormat;
 use crate::routing::{
     Balance, Fallback, KeyConfig, KeySource, OutlierPolicy, Policy, QueueLimit, RingConfig, Weight,
 };
-use crate::settings::{self, AdminSettings, Discovery, Dns, PeekLimits, ProxySettings, Settings};
+use crate::settings::{
+    self, AdminSettings, Discovery, Dns, ForwardingSettings, PeekLimits, ProxySettings, Settings,
+};
 
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
@@ -35,6 +37,7 @@ pub struct File {
     pub discovery: DiscoveryFile,
     pub health_check: HealthCheck,
     pub outlier: Outlier,
+    pub forwarding: Forwarding,
     /// One line per request on standard output: plain, json or off.
     pub access_log: AccessLogFormat,
     /// The secret the log's key hashes are keyed with (the same on every replica, for logs
@@ -55,6 +58,7 @@ impl Default for File {
             discovery: DiscoveryFile::default(),
             health_check: HealthCheck::default(),
             outlier: Outlier::default(),
+            forwarding: Forwarding::default(),
             access_log: AccessLogFormat::default(),
             access_log_key: None,
         }
@@ -325,6 +329,28 @@ impl Default for Outlier {
             base_ejection_ms: ms(o.base_ejection),
             max_ejection_ms: ms(o.max_ejection),
             max_ejected_percent: o.max_ejected_percent,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Forwarding {
+    /// Networks (`10.0.0.0/8`, or one address) of proxies whose `X-Forwarded-For` is kept.
+    pub trusted_proxies: Vec<String>,
+    /// `null` turns request ids off.
+    pub request_id_header: Option<String>,
+    /// `null` forwards every path.
+    pub allowed_paths: Option<Vec<String>>,
+}
+
+impl Default for Forwarding {
+    fn default() -> Self {
+        let f = ForwardingSettings::default();
+        Self {
+            trusted_proxies: Vec::new(),
+            request_id_header: f.request_id_header.map(|h| h.as_str().to_owned()),
+            allowed_paths: f.allowed_paths,
         }
     }
 }

@@ -17,6 +17,8 @@ pub struct RequestCtx {
     /// The status the upstream answered with, if it answered.
     pub(super) upstream_status: Option<u16>,
     pub(super) key: Option<RoutingKey>,
+    /// Passed on to the engine, echoed to the client and logged.
+    pub(super) request_id: Option<String>,
     /// The slot of the peer this attempt goes to. Dropping the context releases it.
     pub(super) slot: Option<Slot>,
     /// The peer of a slot released early, for the log line.
@@ -44,6 +46,7 @@ impl RequestCtx {
             first_byte: None,
             upstream_status: None,
             key: None,
+            request_id: None,
             slot: None,
             released: None,
             route: None,

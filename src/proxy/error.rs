@@ -67,6 +67,21 @@ impl ApiError {
         }
     }
 
+    /// A path the balancer does not forward, told the way OpenAI tells an unknown URL.
+    pub fn unknown_path(request: &pingora::http::RequestHeader) -> Self {
+        Self {
+            status: 404,
+            kind: "invalid_request_error",
+            code: "unknown_url",
+            message: format!(
+                "Invalid URL ({} {}): not an inference endpoint this load balancer forwards",
+                request.method,
+                request.uri.path()
+            ),
+            retry_after_secs: None,
+        }
+    }
+
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status: 400,

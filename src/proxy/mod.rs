@@ -9,6 +9,7 @@
 
 mod ctx;
 pub mod error;
+mod forwarding;
 pub mod peek;
 pub mod service;
 
@@ -30,12 +31,14 @@ use crate::routing::{is_peer_fault, Decision, Peer, Rejection};
 use crate::settings::ProxySettings;
 use ctx::RequestCtx;
 use error::{status_for, ApiError};
+use forwarding::Forwarding;
 use peek::{declared_length, expects_continue, peek_key};
 
 pub struct PrefixLb {
     router: Arc<Router>,
     settings: ProxySettings,
     access_log: AccessLog,
+    forwarding: Forwarding,
     activity: Arc<Activity>,
     shared: Arc<SharedLoad>,
 }
@@ -50,6 +53,7 @@ impl PrefixLb {
         Self {
             router,
             access_log: AccessLog::new(settings.access_log, settings.access_log_key.as_deref()),
+            forwarding: Forwarding::new(settings.forwarding.clone()),
             settings,
             activity,
             shared,
@@ -68,6 +72,35 @@ impl PrefixLb {
             );
         }
     }
+
+    /// Chooses the peer for a request that skips the waiting line: a retry after a failed
+    /// connect, or a request too light to be bounded.
+    fn choose_now(&self, session: &Session, ctx: &RequestCtx) -> Decision {
+        let hash = ctx.key.and_then(|k| k.hash);
+        let cluster = self.router.cluster();
+        if !bounded(session) {
+            return cluster.select_unbounded(hash, &ctx.failed);
+        }
+        self.shared
+            .choose(|| cluster.select(&self.router.balance, hash, &ctx.failed))
+    }
+}
+
+/// Whether a request takes a bounded slot and may wait for one. Every inference endpoint is a
+/// POST; a GET or HEAD (a model list, a health probe) is answered from memory by the engine,
+/// and must not queue behind prompts on a full cluster.
+fn bounded(session: &Session) -> bool {
+    !matches!(
+        session.req_header().method,
+        http::Method::GET | http::Method::HEAD
+    )
+}
+
+fn client_ip(session: &Session) -> Option<std::net::IpAddr> {
+    session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip())
 }
 
 /// The final response header sent to the client, if one was. A `100 Continue` sent during the
@@ -100,6 +133,16 @@ impl ProxyHttp for PrefixLb {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         session.set_write_timeout(Some(self.settings.client_write_timeout));
+        ctx.request_id = self.forwarding.request_id(&session.req_header().headers);
+        if !self.forwarding.allows(session.req_header().uri.path()) {
+            metrics::REJECTIONS
+                .with_label_values(&["path_not_allowed"])
+                .inc();
+            ApiError::unknown_path(session.req_header())
+                .send_and_close(session)
+                .await?;
+            return Ok(true);
+        }
         let router = &self.router;
         let limits = self.settings.peek;
         if declared_length(session).is_some_and(|len| len > limits.max_body) {
@@ -133,18 +176,29 @@ impl ProxyHttp for PrefixLb {
                 }
             }
         } else {
-            let client = session
-                .client_addr()
-                .and_then(|a| a.as_inet())
-                .map(|a| a.ip());
             router
                 .keys
-                .key_without_body(&session.req_header().headers, client)
+                .key_without_body(&session.req_header().headers, client_ip(session))
         };
         ctx.key = Some(key);
         metrics::KEY_SOURCES
             .with_label_values(&[key.source.as_str()])
             .inc();
+        if !bounded(session) {
+            return match self.choose_now(session, ctx) {
+                Decision::Routed(routed) => {
+                    ctx.take_slot(routed);
+                    Ok(false)
+                }
+                _ => {
+                    metrics::REJECTIONS.with_label_values(&["no_peer"]).inc();
+                    ApiError::rejected(Rejection::NoPeer)
+                        .send_and_close(session)
+                        .await?;
+                    Ok(true)
+                }
+            };
+        }
         let admit = router.load().waiters().admit(self.settings.queue, || {
             self.shared
                 .choose_in_turn(|| router.cluster().select(&router.balance, key.hash, &[]))
@@ -188,17 +242,12 @@ impl ProxyHttp for PrefixLb {
 
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
         if ctx.slot.is_none() {
             // A retry after a failed connect: the next peer on the walk, no waiting in line.
-            let hash = ctx.key.and_then(|k| k.hash);
-            let router = &self.router;
-            match self
-                .shared
-                .choose(|| router.cluster().select(&router.balance, hash, &ctx.failed))
-            {
+            match self.choose_now(session, ctx) {
                 Decision::Routed(routed) => ctx.take_slot(routed),
                 Decision::Saturated => return Err(reject(ctx, Rejection::RetrySaturated)),
                 Decision::NoPeer => return Err(reject(ctx, Rejection::NoPeer)),
@@ -269,6 +318,11 @@ impl ProxyHttp for PrefixLb {
         if ctx.continued {
             upstream_request.remove_header(&http::header::EXPECT);
         }
+        self.forwarding.apply(
+            upstream_request,
+            client_ip(session),
+            ctx.request_id.as_deref(),
+        )?;
         // A length sent as `42, 42` (or twice) goes upstream once: servers may refuse the list.
         let lengths = upstream_request
             .headers
@@ -296,6 +350,18 @@ impl ProxyHttp for PrefixLb {
             } else {
                 slot.peer().record_success();
             }
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let (Some(name), Some(id)) = (self.forwarding.request_id_header(), &ctx.request_id) {
+            upstream_response.insert_header(name.clone(), id.as_str())?;
         }
         Ok(())
     }
@@ -373,6 +439,7 @@ impl ProxyHttp for PrefixLb {
             status: final_response(session).map_or(0, |r| r.status.as_u16()),
             peer: peer.as_deref(),
             route,
+            request_id: ctx.request_id.as_deref(),
             key_source: ctx.key.map(|k| k.source.as_str()),
             key_hash: ctx
                 .key

@@ -42,10 +42,7 @@ pub async fn peek_key(
     limits: PeekLimits,
 ) -> pingora::Result<Result<Peeked, ApiError>> {
     let declared = declared_length(session);
-    let client = session
-        .client_addr()
-        .and_then(|a| a.as_inet())
-        .map(|a| a.ip());
+    let client = super::client_ip(session);
     if expects_continue(session) {
         // The body is read before any upstream could answer 100 Continue: answer it here.
         session

@@ -209,6 +209,19 @@ impl Cluster {
         }
     }
 
+    /// Chooses a peer for a request too light to be bounded (a model list, a health probe): the
+    /// first eligible one on the key's walk, or on a walk from a point of its own without a
+    /// key, whatever its load. Its slot is counted like any other, but no bound or
+    /// `max_in_flight` refuses it, so it never waits in line behind the prompts.
+    pub fn select_unbounded(&self, hash: Option<u64>, excluded: &[Arc<Peer>]) -> Decision {
+        let usable = |p: &Arc<Peer>| p.eligible() && !excluded.iter().any(|e| Arc::ptr_eq(e, p));
+        // Fibonacci hashing spreads consecutive counts over the ring.
+        let hash = hash.unwrap_or_else(|| {
+            (self.cursor.fetch_add(1, Ordering::Relaxed) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        });
+        self.walk_select(hash, usable, |p| Some(p.take()))
+    }
+
     /// The in-flight ceiling of `peer` under `balance`, in this cluster as it is now.
     pub fn bound(&self, balance: &Balance, peer: &Peer) -> u32 {
         balance.bound(BoundInputs {

@@ -25,6 +25,7 @@ pub struct Seen {
     pub sha256: String,
     pub chunked: bool,
     pub content_length: Option<usize>,
+    pub headers: HeaderMap,
 }
 
 #[derive(Clone)]
@@ -163,6 +164,7 @@ async fn mock(State(s): State<MockState>, req: Request) -> Response {
         sha256: sha256_hex(&bytes),
         chunked,
         content_length,
+        headers: h.clone(),
     });
     if let Some(ms) = header_num(&h, "x-mock-delay-ms") {
         tokio::time::sleep(Duration::from_millis(ms)).await;
