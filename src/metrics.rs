@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    self, register_histogram, register_int_counter, register_int_counter_vec,
+    self, register_histogram, register_int_counter, register_int_counter_vec, register_int_gauge,
     register_int_gauge_vec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
 };
 
@@ -44,7 +44,7 @@ metric!(PEER_EJECTIONS: IntCounterVec = register_int_counter_vec!(
 ));
 metric!(REJECTIONS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_rejections_total",
-    "Requests answered without a peer: 503 for want of a slot (queue_full, queue_timeout, no_peer, retry_saturated), waiters that left (client_gone), paths not forwarded (path_not_allowed)",
+    "Requests answered without a peer: 503 for want of a slot (queue_full, queue_timeout, no_peer, retry_saturated), waiters that left (client_gone), peeks beyond the memory budget (peek_memory), paths not forwarded (path_not_allowed)",
     &["reason"]
 ));
 metric!(QUEUE_WAIT: Histogram = register_histogram!(
@@ -70,6 +70,10 @@ metric!(KEY_SOURCES: IntCounterVec = register_int_counter_vec!(
 metric!(PEEKED_BYTES: IntCounter = register_int_counter!(
     "prefixlb_body_peeked_bytes_total",
     "Request body bytes read before choosing a peer, to find the routing key"
+));
+metric!(PEEK_MEMORY: IntGauge = register_int_gauge!(
+    "prefixlb_peek_memory_bytes",
+    "Request body bytes held now for reading routing keys (prefixlb's and Pingora's retry copy), against limits.peek_memory_bytes"
 ));
 metric!(RELOADS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_reloads_total",
@@ -180,6 +184,7 @@ pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
         LazyLock::force(histogram);
     }
     LazyLock::force(&PEEKED_BYTES);
+    LazyLock::force(&PEEK_MEMORY);
     Ok(())
 }
 

@@ -138,6 +138,8 @@ pub struct PeekLimits {
     pub max_body: usize,
     /// How long reading that much may take in all; 408 after it.
     pub deadline: Duration,
+    /// Body bytes all peeks together may hold; 503 beyond it.
+    pub memory: usize,
 }
 
 impl Default for PeekLimits {
@@ -146,6 +148,7 @@ impl Default for PeekLimits {
             peek_limit: 64 * 1024,
             max_body: 32 * 1024 * 1024,
             deadline: Duration::from_secs(30),
+            memory: 256 * 1024 * 1024,
         }
     }
 }

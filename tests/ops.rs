@@ -348,3 +348,54 @@ async fn a_peer_removed_mid_stream_leaves_no_series_when_the_stream_ends() {
         "series of the removed peer came back: {left:?}"
     );
 }
+
+/// Slow clients that each hold part of a body cannot take more memory than the peek budget:
+/// one beyond it gets a 503, and the budget is whole again once they are done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peeks_beyond_the_memory_budget_get_503() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = start_upstream("a").await;
+    let cfg = format!(
+        "{}routing: {{peek_limit_bytes: 4096}}\nlimits: {{peek_memory_bytes: 8192}}\n",
+        peers_yaml(&[&up], None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    // 3,000 bytes of a system prompt whose key is not complete yet, in a 4,000-byte body.
+    let body = chat(&"s".repeat(3900), "q", 1, false);
+    let head = format!(
+        "POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(&body.as_bytes()[..3000]).await.unwrap();
+        held.push(s);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let memory = |m: &str| one(&scrape(m), "prefixlb_peek_memory_bytes", &[]);
+    assert_eq!(
+        memory(&proxy.metrics().await),
+        6000.0,
+        "one peek, two copies"
+    );
+    let mut answer = String::new();
+    held[1].read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("peek_memory_exhausted"), "{answer}");
+    held[0].write_all(&body.as_bytes()[3000..]).await.unwrap();
+    let mut first = vec![0u8; 4096];
+    let n = held[0].read(&mut first).await.unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    drop(held);
+    proxy.assert_idle().await;
+    assert_eq!(memory(&proxy.metrics().await), 0.0, "the budget leaked");
+    let r = client()
+        .post(proxy.url(CHAT))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}

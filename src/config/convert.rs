@@ -220,6 +220,15 @@ fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
         f.routing.peek_limit_bytes as u64,
     )?;
     at_least_one("limits.max_body_bytes", f.limits.max_body_bytes as u64)?;
+    if f.limits.peek_memory_bytes < 2 * f.routing.peek_limit_bytes {
+        return Err(ConfigError::new(
+            "limits.peek_memory_bytes",
+            format!(
+                "must be at least twice routing.peek_limit_bytes ({}): one peek holds its window and Pingora's copy of it",
+                2 * f.routing.peek_limit_bytes
+            ),
+        ));
+    }
     let u = &f.upstream;
     let q = &f.queue;
     if q.max_waiting > 0 && q.timeout_ms == 0 {
@@ -233,6 +242,7 @@ fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
             peek_limit: f.routing.peek_limit_bytes,
             max_body: f.limits.max_body_bytes,
             deadline: millis("routing.peek_timeout_ms", f.routing.peek_timeout_ms)?,
+            memory: f.limits.peek_memory_bytes,
         },
         upstream: Upstream {
             connect_timeout: millis("upstream.connect_timeout_ms", u.connect_timeout_ms)?,

@@ -172,6 +172,8 @@ impl Default for Queue {
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     pub max_body_bytes: usize,
+    /// Body bytes that all requests together may hold while their keys are read.
+    pub peek_memory_bytes: usize,
     /// Longest a write to the client may block before its stream is ended.
     pub client_write_timeout_ms: u64,
 }
@@ -180,6 +182,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_body_bytes: PeekLimits::default().max_body,
+            peek_memory_bytes: PeekLimits::default().memory,
             client_write_timeout_ms: ms(ProxySettings::DEFAULT_CLIENT_WRITE_TIMEOUT),
         }
     }

@@ -30,6 +30,8 @@ pub struct RequestCtx {
     /// attempt.
     pub(super) unreplayed: Option<Bytes>,
     pub(super) unreplayed_due: bool,
+    /// This request's share of the peek memory, held until it ends.
+    pub(super) peek_held: Option<super::peek::Held>,
     /// The client asked for 100 Continue and got it from here: the upstream must not be asked.
     pub(super) continued: bool,
     /// The error to answer with, when a hook failed on purpose.
@@ -53,6 +55,7 @@ impl RequestCtx {
             failed: Vec::new(),
             unreplayed: None,
             unreplayed_due: false,
+            peek_held: None,
             continued: false,
             error: None,
             _serving: serving,

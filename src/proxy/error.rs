@@ -42,6 +42,16 @@ impl ApiError {
         }
     }
 
+    pub fn peek_memory_exhausted() -> Self {
+        Self {
+            status: 503,
+            kind: "server_error",
+            code: "peek_memory_exhausted",
+            message: "too many request bodies are being read at once; try again".into(),
+            retry_after_secs: Some(1),
+        }
+    }
+
     pub fn rejected(why: Rejection) -> Self {
         let (code, message) = match why {
             Rejection::NoPeer => ("no_healthy_upstream", "no inference server is available"),

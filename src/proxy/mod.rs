@@ -32,13 +32,14 @@ use crate::settings::ProxySettings;
 use ctx::RequestCtx;
 use error::{status_for, ApiError};
 use forwarding::Forwarding;
-use peek::{declared_length, expects_continue, peek_key};
+use peek::{declared_length, expects_continue, peek_key, PeekMemory};
 
 pub struct PrefixLb {
     router: Arc<Router>,
     settings: ProxySettings,
     access_log: AccessLog,
     forwarding: Forwarding,
+    peek_memory: Arc<PeekMemory>,
     activity: Arc<Activity>,
     shared: Arc<SharedLoad>,
 }
@@ -54,6 +55,7 @@ impl PrefixLb {
             router,
             access_log: AccessLog::new(settings.access_log, settings.access_log_key.as_deref()),
             forwarding: Forwarding::new(settings.forwarding.clone()),
+            peek_memory: PeekMemory::new(settings.peek.memory),
             settings,
             activity,
             shared,
@@ -145,7 +147,7 @@ impl ProxyHttp for PrefixLb {
         }
         let router = &self.router;
         let limits = self.settings.peek;
-        if declared_length(session).is_some_and(|len| len > limits.max_body) {
+        if declared_length(&session.req_header().headers).is_some_and(|len| len > limits.max_body) {
             ApiError::body_too_large(limits.max_body)
                 .send_and_close(session)
                 .await?;
@@ -159,14 +161,15 @@ impl ProxyHttp for PrefixLb {
         {
             // The deadline covers the whole read: a client trickling a byte now and then is
             // cut off however short each pause.
-            let peeked =
-                tokio::time::timeout(limits.deadline, peek_key(session, &router.keys, limits))
-                    .await
-                    .unwrap_or_else(|_| Ok(Err(ApiError::peek_timeout(limits.deadline))));
+            let peek = peek_key(session, &router.keys, limits, &self.peek_memory);
+            let peeked = tokio::time::timeout(limits.deadline, peek)
+                .await
+                .unwrap_or_else(|_| Ok(Err(ApiError::peek_timeout(limits.deadline))));
             match peeked? {
                 Ok(peeked) => {
                     metrics::PEEKED_BYTES.inc_by(peeked.bytes as u64);
                     ctx.unreplayed = peeked.unreplayed;
+                    ctx.peek_held = Some(peeked.held);
                     ctx.continued = expects_continue(session);
                     peeked.key
                 }
@@ -330,7 +333,7 @@ impl ProxyHttp for PrefixLb {
         let listed =
             lengths.iter().count() > 1 || lengths.iter().any(|v| v.as_bytes().contains(&b','));
         if listed {
-            if let Some(n) = declared_length(session) {
+            if let Some(n) = declared_length(&session.req_header().headers) {
                 upstream_request.insert_header(http::header::CONTENT_LENGTH, n.to_string())?;
             }
         }

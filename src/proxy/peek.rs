@@ -13,16 +13,87 @@
 //! cannot be foreseen, is buffered from the start and read only while the next read, judged by
 //! the last one, still fits.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, EXPECT};
+use http::HeaderMap;
 use pingora::proxy::Session;
 
 use super::error::ApiError;
+use crate::metrics;
 use crate::routing::{BodyEnd, Extract, FallbackReason, KeyExtractor, RequestParts, RoutingKey};
 use crate::settings::PeekLimits;
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT`, private to pingora-core).
 pub const REPLAY_BUFFER: usize = 64 * 1024;
+
+/// Body bytes held for peeks across all requests, against a cap: many slow clients, each with a
+/// window of body read and Pingora's retry copy of it, must not be able to exhaust memory.
+#[derive(Debug)]
+pub struct PeekMemory {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl PeekMemory {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            used: AtomicUsize::new(0),
+            limit,
+        })
+    }
+
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn hold(self: &Arc<Self>) -> Held {
+        Held {
+            memory: Arc::clone(self),
+            bytes: 0,
+        }
+    }
+}
+
+/// One request's share of [`PeekMemory`], given back when it is dropped.
+#[derive(Debug)]
+pub struct Held {
+    memory: Arc<PeekMemory>,
+    bytes: usize,
+}
+
+impl Held {
+    /// Takes `n` more bytes of the budget; false, taking nothing, when that would exceed it.
+    fn grow(&mut self, n: usize) -> bool {
+        let m = &self.memory;
+        let taken = m
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
+                used.checked_add(n).filter(|&after| after <= m.limit)
+            })
+            .is_ok();
+        if taken {
+            self.bytes += n;
+            metrics::PEEK_MEMORY.add(n as i64);
+        }
+        taken
+    }
+
+    fn shrink_to(&mut self, n: usize) {
+        let freed = self.bytes.saturating_sub(n);
+        self.memory.used.fetch_sub(freed, Ordering::AcqRel);
+        metrics::PEEK_MEMORY.sub(freed as i64);
+        self.bytes -= freed;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.shrink_to(0);
+    }
+}
 
 #[derive(Debug)]
 pub struct Peeked {
@@ -32,6 +103,9 @@ pub struct Peeked {
     /// The leading bytes read that Pingora's retry buffer does not hold: forwarding must send
     /// them first, on every attempt.
     pub unreplayed: Option<Bytes>,
+    /// The peek memory still held for this request, until it ends: the unreplayed bytes and
+    /// Pingora's retry copy.
+    pub held: Held,
 }
 
 /// Reads the body of a prompt-carrying request until its key is complete, the body ends or a
@@ -40,8 +114,9 @@ pub async fn peek_key(
     session: &mut Session,
     keys: &KeyExtractor,
     limits: PeekLimits,
+    memory: &Arc<PeekMemory>,
 ) -> pingora::Result<Result<Peeked, ApiError>> {
-    let declared = declared_length(session);
+    let declared = declared_length(&session.req_header().headers);
     let client = super::client_ip(session);
     if expects_continue(session) {
         // The body is read before any upstream could answer 100 Continue: answer it here.
@@ -57,6 +132,7 @@ pub async fn peek_key(
         buffered_from = Some(0);
     }
     let window = limits.peek_limit;
+    let mut held = memory.hold();
     let mut buf = BytesMut::new();
     let (mut last_read, mut next_attempt) = (0usize, 0usize);
     let key = loop {
@@ -108,6 +184,14 @@ pub async fn peek_key(
             .await
             .map_err(|e| e.into_down())?;
         if let Some(chunk) = chunk {
+            // Ours, and Pingora's retry copy once it buffers.
+            let copies = 1 + usize::from(buffered_from.is_some());
+            if !held.grow(chunk.len() * copies) {
+                metrics::REJECTIONS
+                    .with_label_values(&["peek_memory"])
+                    .inc();
+                return Ok(Err(ApiError::peek_memory_exhausted()));
+            }
             last_read = chunk.len();
             buf.extend_from_slice(&chunk);
             if buf.len() > limits.max_body {
@@ -135,11 +219,20 @@ pub async fn peek_key(
     } else {
         buffered_from.unwrap_or(bytes)
     };
+    let retry_copy = if session.retry_buffer_truncated() {
+        0
+    } else {
+        bytes - buffered_from.unwrap_or(bytes)
+    };
+    // A slice keeps the whole buffer alive.
+    let kept = if unreplayed > 0 { bytes } else { 0 };
+    held.shrink_to(retry_copy + kept);
     let unreplayed = (unreplayed > 0).then(|| buf.freeze().slice(..unreplayed));
     Ok(Ok(Peeked {
         key,
         bytes,
         unreplayed,
+        held,
     }))
 }
 
@@ -155,14 +248,46 @@ pub fn expects_continue(session: &Session) -> bool {
 /// The body length the client declared, if it declared one. `Content-Length: 42, 42` (or the
 /// header twice) declares 42, as Pingora reads it too (RFC 9110 §8.6); values that differ
 /// declare nothing.
-pub fn declared_length(session: &Session) -> Option<usize> {
-    let mut lengths = session
-        .req_header()
-        .headers
+pub fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    let mut lengths = headers
         .get_all(CONTENT_LENGTH)
         .iter()
         .flat_map(|v| v.to_str().unwrap_or("x").split(','))
-        .map(|n| n.trim().parse::<usize>().ok());
+        .map(|n| digits(n.trim()));
     let first = lengths.next()??;
     lengths.all(|n| n == Some(first)).then_some(first)
+}
+
+/// A length as HTTP writes one: digits only (`parse` would also take `+5`, which Pingora does
+/// not).
+fn digits(n: &str) -> Option<usize> {
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lengths(values: &[&str]) -> Option<usize> {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(CONTENT_LENGTH, v.parse().unwrap());
+        }
+        declared_length(&h)
+    }
+
+    #[test]
+    fn a_length_is_declared_once_or_repeated_identically() {
+        assert_eq!(lengths(&["42"]), Some(42));
+        assert_eq!(lengths(&["42, 42"]), Some(42));
+        assert_eq!(lengths(&["42", " 42 "]), Some(42));
+        assert_eq!(lengths(&[]), None);
+        assert_eq!(lengths(&["42", "43"]), None);
+        assert_eq!(lengths(&["42,"]), None);
+        assert_eq!(lengths(&["+42"]), None, "not a length as HTTP writes one");
+        assert_eq!(lengths(&["99999999999999999999999"]), None);
+    }
 }
