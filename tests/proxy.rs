@@ -1092,3 +1092,96 @@ async fn a_model_list_is_answered_while_every_slot_is_taken() {
     drop(held);
     proxy.assert_idle().await;
 }
+
+/// Everything the proxy sends on one connection after `request` is written, until it closes
+/// (or 5 s pass).
+async fn raw_exchange(proxy: &Proxy, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(n @ 1..) = s.read(&mut buf).await {
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// A 1.0 client cannot read chunked framing: a stream of unknown length reaches it delimited
+/// by the close, as HTTP/1.0 has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_client_gets_its_stream_close_delimited() {
+    let up = start_upstream("a").await;
+    let proxy = start_proxy(&peers_yaml(&[&up], None)).await;
+    let body = chat("s", "an old client", 1, true);
+    let request = format!(
+        "POST {CHAT} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nx-mock-events: 3\r\nx-mock-interval-ms: 20\r\n\r\n{body}",
+        body.len()
+    );
+    let got = raw_exchange(&proxy, request.as_bytes()).await;
+    let (head, rest) = got.split_once("\r\n\r\n").expect("a whole head");
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.starts_with("http/1.0 200") || head.starts_with("http/1.1 200"),
+        "{got}"
+    );
+    assert!(
+        !head.contains("transfer-encoding"),
+        "chunked to a 1.0 client: {got}"
+    );
+    assert!(!head.contains("keep-alive"), "{got}");
+    assert!(
+        rest.starts_with("data: {\"i\":0"),
+        "framing in the body: {got:?}"
+    );
+    assert!(rest.ends_with("data: [DONE]\n\n"), "{got:?}");
+    proxy.assert_idle().await;
+}
+
+/// Requests sent back to back on one connection, before any answer is read, are each answered,
+/// in order (RFC 9112 §9.3.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order() {
+    let up = start_upstream("a").await;
+    // One slot, taken for a while: the first request waits in line while the others are
+    // already in the proxy's read buffer, which watching for the client's close must not eat.
+    let cfg = format!(
+        "{}queue: {{max_waiting: 4, timeout_ms: 10000}}\nhealth_check: {{enabled: false}}\n",
+        peers_yaml(&[&up], Some(1))
+    );
+    let proxy = start_proxy(&cfg).await;
+    let held = open_stream(&proxy, 5, 100).await;
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(held);
+    });
+    let bodies: Vec<String> = (0..3)
+        .map(|i| chat("s", &format!("pipelined {i}"), 1, false))
+        .collect();
+    let requests: String = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| {
+            let last = if i == bodies.len() - 1 { "Connection: close\r\n" } else { "" };
+            format!(
+                "POST {CHAT} HTTP/1.1\r\nHost: x\r\n{last}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        })
+        .collect();
+    let got = raw_exchange(&proxy, requests.as_bytes()).await;
+    assert_eq!(got.matches("HTTP/1.1 200").count(), 3, "{got}");
+    let at: Vec<usize> = bodies
+        .iter()
+        .map(|b| {
+            got.find(&sha256_hex(b.as_bytes()))
+                .expect("an answer per request")
+        })
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "out of order: {got}");
+    release.await.unwrap();
+    proxy.assert_idle().await;
+}

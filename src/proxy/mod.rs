@@ -135,6 +135,9 @@ impl ProxyHttp for PrefixLb {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         session.set_write_timeout(Some(self.settings.client_write_timeout));
+        // Requests a client sends before reading the answer to the one before are answered in
+        // turn, instead of being dropped with the connection.
+        session.set_pipelining_enabled(true);
         ctx.request_id = self.forwarding.request_id(&session.req_header().headers);
         if !self.forwarding.allows(session.req_header().uri.path()) {
             metrics::REJECTIONS
@@ -359,10 +362,20 @@ impl ProxyHttp for PrefixLb {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        // A 1.0 client cannot read chunked framing: a body of unknown length (an SSE stream)
+        // reaches it delimited by the close instead.
+        if session.req_header().version == http::Version::HTTP_10
+            && !upstream_response
+                .headers
+                .contains_key(http::header::CONTENT_LENGTH)
+        {
+            upstream_response.remove_header(&http::header::TRANSFER_ENCODING);
+            session.set_keepalive(None);
+        }
         if let (Some(name), Some(id)) = (self.forwarding.request_id_header(), &ctx.request_id) {
             upstream_response.insert_header(name.clone(), id.as_str())?;
         }
