@@ -348,3 +348,21 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
         ]
     })
 }
+
+/// A body of the wrong type is told from broken JSON only once it has all arrived: the reason
+/// a cut one falls back for must not depend on where the cut fell (found by the `key` fuzzer).
+#[test]
+fn a_wrong_typed_body_waits_for_its_end_to_tell_why_it_falls_back() {
+    let body = br#"["a", "b"]}"#;
+    for cut in 1..body.len() - 1 {
+        assert_eq!(
+            key_of(CHAT, &body[..cut], BodyEnd::More),
+            Extract::NeedMore,
+            "cut at {cut}"
+        );
+    }
+    let whole = full_key(CHAT, std::str::from_utf8(body).unwrap());
+    assert_eq!(whole.fallback, Some(FallbackReason::WrongShape));
+    let truncated = full_key(CHAT, r#"["a", "b"#);
+    assert_eq!(truncated.fallback, Some(FallbackReason::InvalidJson));
+}

@@ -288,7 +288,7 @@ impl KeyExtractor {
                 BodyEnd::Limit => Err(Cut::Fallback(FallbackReason::PeekLimit)),
                 BodyEnd::Complete => Err(Cut::Fallback(FallbackReason::InvalidJson)),
             },
-            Err(e) => Err(Cut::Fallback(reason_of(&e, body))),
+            Err(e) => Err(reason_of(&e, body, end)),
         }
     }
 }
@@ -298,17 +298,27 @@ enum Cut {
     Fallback(FallbackReason),
 }
 
-fn reason_of(e: &JiterError, body: &[u8]) -> FallbackReason {
-    match &e.error_type {
+/// Why a body that cannot give a key falls back. A value of the wrong type is told from
+/// malformed JSON by reading it to its end: until that end has arrived, the reason is not known
+/// yet, and a reason that changed with how much had arrived would make the key's source depend
+/// on how the bytes came.
+fn reason_of(e: &JiterError, body: &[u8], end: BodyEnd) -> Cut {
+    let reason = match &e.error_type {
         // jiter types a value by its first byte, so `nonsense` reads as a malformed null.
-        JiterErrorType::WrongType { .. } if Jiter::new(body).next_skip().is_err() => {
-            FallbackReason::InvalidJson
-        }
-        JiterErrorType::WrongType { .. } => FallbackReason::WrongShape,
+        JiterErrorType::WrongType { .. } => match Jiter::new(body).next_skip() {
+            Ok(_) => FallbackReason::WrongShape,
+            Err(skip) if is_cut(&skip, body.len()) => match end {
+                BodyEnd::More => return Cut::NeedMore,
+                BodyEnd::Limit => FallbackReason::WrongShape,
+                BodyEnd::Complete => FallbackReason::InvalidJson,
+            },
+            Err(_) => FallbackReason::InvalidJson,
+        },
         JiterErrorType::JsonError(JsonErrorType::RecursionLimitExceeded) => FallbackReason::TooDeep,
         JiterErrorType::JsonError(JsonErrorType::InvalidUnicodeCodePoint) => {
             FallbackReason::InvalidUtf8
         }
         JiterErrorType::JsonError(_) => FallbackReason::InvalidJson,
-    }
+    };
+    Cut::Fallback(reason)
 }
