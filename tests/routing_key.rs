@@ -365,4 +365,10 @@ fn a_wrong_typed_body_waits_for_its_end_to_tell_why_it_falls_back() {
     assert_eq!(whole.fallback, Some(FallbackReason::WrongShape));
     let truncated = full_key(CHAT, r#"["a", "b"#);
     assert_eq!(truncated.fallback, Some(FallbackReason::InvalidJson));
+    // A number that has arrived up to the cut may still grow into an invalid one.
+    assert_eq!(key_of(CHAT, b"6", BodyEnd::More), Extract::NeedMore);
+    assert_eq!(
+        full_key(CHAT, "66en").fallback,
+        Some(FallbackReason::InvalidJson)
+    );
 }

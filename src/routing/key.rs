@@ -225,7 +225,7 @@ impl KeyExtractor {
         if value.is_empty() {
             return None;
         }
-        let mut enc = KeyEncoder::with_capacity(value.len() + 5);
+        let mut enc = KeyEncoder::default();
         enc.part(b'S', value.as_bytes());
         Some(RoutingKey {
             hash: Some(enc.finish()),
@@ -237,7 +237,7 @@ impl KeyExtractor {
     pub fn fallback(&self, client: Option<IpAddr>, reason: FallbackReason) -> RoutingKey {
         let hash = match (self.config.fallback, client) {
             (Fallback::ClientAddr, Some(ip)) => {
-                let mut enc = KeyEncoder::with_capacity(21);
+                let mut enc = KeyEncoder::default();
                 match ip {
                     IpAddr::V4(v4) => enc.part(b'4', &v4.octets()),
                     IpAddr::V6(v6) => enc.part(b'6', &v6.octets()),
@@ -265,7 +265,7 @@ impl KeyExtractor {
                 BodyEnd::Limit => Cut::Fallback(FallbackReason::PeekLimit),
             });
         }
-        let mut enc = KeyEncoder::with_capacity(body.len().min(4096) + 64);
+        let mut enc = KeyEncoder::default();
         let scan = match kind {
             BodyKind::Chat => scan(body, &mut enc, PromptField::Messages),
             BodyKind::Completions => scan(
@@ -282,6 +282,11 @@ impl KeyExtractor {
         match scan {
             Ok(true) => Ok(enc.finish()),
             Ok(false) => Err(Cut::Fallback(FallbackReason::NoPrompt)),
+            // Which error the parser meets first in a broken body can change as more of it
+            // arrives (a bad byte early on, or a cut escape later), and a body that falls back
+            // on one prefix must not wait for more on a longer one: a broken body is judged
+            // once, when it has all arrived or the window is full.
+            Err(_) if end == BodyEnd::More => Err(Cut::NeedMore),
             Err(e) if is_cut(&e, body.len()) => match end {
                 BodyEnd::More => Err(Cut::NeedMore),
                 BodyEnd::Limit if !enc.is_empty() => Ok(enc.finish()),
@@ -298,20 +303,17 @@ enum Cut {
     Fallback(FallbackReason),
 }
 
-/// Why a body that cannot give a key falls back. A value of the wrong type is told from
-/// malformed JSON by reading it to its end: until that end has arrived, the reason is not known
-/// yet, and a reason that changed with how much had arrived would make the key's source depend
-/// on how the bytes came.
+/// Why a body that has all arrived (or filled the window) falls back. A value of the wrong type
+/// is told from malformed JSON by reading it to its end; cut by the window, it is taken as
+/// what its first byte says.
 fn reason_of(e: &JiterError, body: &[u8], end: BodyEnd) -> Cut {
     let reason = match &e.error_type {
         // jiter types a value by its first byte, so `nonsense` reads as a malformed null.
         JiterErrorType::WrongType { .. } => match Jiter::new(body).next_skip() {
             Ok(_) => FallbackReason::WrongShape,
-            Err(skip) if is_cut(&skip, body.len()) => match end {
-                BodyEnd::More => return Cut::NeedMore,
-                BodyEnd::Limit => FallbackReason::WrongShape,
-                BodyEnd::Complete => FallbackReason::InvalidJson,
-            },
+            Err(skip) if is_cut(&skip, body.len()) && end == BodyEnd::Limit => {
+                FallbackReason::WrongShape
+            }
             Err(_) => FallbackReason::InvalidJson,
         },
         JiterErrorType::JsonError(JsonErrorType::RecursionLimitExceeded) => FallbackReason::TooDeep,
