@@ -44,7 +44,7 @@ fn decision(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("bounded_1KiB_key", n), &n, |b, _| {
             b.iter(|| {
                 salt = salt.wrapping_add(1);
-                let mut enc = KeyEncoder::with_capacity(1100);
+                let mut enc = KeyEncoder::default();
                 enc.part(b'm', &salt.to_le_bytes());
                 enc.part(b'c', black_box(&prefix));
                 let routed = cluster.select(&balance, Some(enc.finish()), &[]);
@@ -112,11 +112,40 @@ where
     }
 }
 
+/// Our MurmurHash3 x64_128 over slices beside the `murmur3` crate's (the same output), on 1 KiB
+/// and on a 24 KiB system prompt.
 fn murmur(c: &mut Criterion) {
-    let kib: Vec<u8> = (0..1024u32).map(|i| i as u8).collect();
-    c.bench_function("murmur3_x64_128_1KiB", |b| {
-        b.iter(|| black_box(prefixlb::routing::hash::murmur64(black_box(&kib))))
-    });
+    let mut group = c.benchmark_group("murmur3_x64_128");
+    for size in [1024usize, 24 * 1024] {
+        let bytes: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        group.throughput(criterion::Throughput::Bytes(size as u64));
+        group.bench_with_input(BenchmarkId::new("prefixlb", size), &bytes, |b, bytes| {
+            b.iter(|| black_box(prefixlb::routing::hash::murmur64(black_box(bytes))))
+        });
+        group.bench_with_input(
+            BenchmarkId::new("encoder_two_parts", size),
+            &bytes,
+            |b, bytes| {
+                b.iter(|| {
+                    let mut enc = KeyEncoder::default();
+                    enc.part(b'm', &7u64.to_le_bytes());
+                    enc.part(b'c', black_box(bytes));
+                    black_box(enc.finish())
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("murmur3_crate", size),
+            &bytes,
+            |b, bytes| {
+                b.iter(|| {
+                    let mut source = black_box(bytes.as_slice());
+                    black_box(murmur3::murmur3_x64_128(&mut source, 0).unwrap_or_default())
+                })
+            },
+        );
+    }
+    group.finish();
 }
 
 fn chat_body(model_first: bool) -> Vec<u8> {

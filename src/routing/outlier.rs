@@ -50,8 +50,9 @@ pub fn is_peer_fault(status: u16) -> bool {
 pub struct Outlier {
     failures: AtomicU32,
     ejections: AtomicU32,
-    /// 0 when never ejected. The end alone says whether the peer is out: a flag beside it could
-    /// be cleared by a reader of an ejection that ran out just as another thread began a new one.
+    /// 0 when not ejected. The end alone says whether the peer is out: a flag beside it could be
+    /// cleared by a reader of an ejection that ran out just as another thread began a new one,
+    /// where resetting the end itself to 0 succeeds only while it is still the old end.
     ejected_until_ms: AtomicU64,
 }
 
@@ -65,7 +66,19 @@ impl Outlier {
     /// Ejected for failing, and the ejection has not run out. Once it has, the peer takes
     /// requests again on probation: its next failure ejects it again, for twice as long.
     pub fn ejected(&self) -> bool {
-        now_ms() < self.ejected_until_ms.load(Ordering::Relaxed)
+        let until = self.ejected_until_ms.load(Ordering::Relaxed);
+        // Most peers are never ejected: no clock read for them, on every routing decision.
+        if until == 0 {
+            return false;
+        }
+        if now_ms() < until {
+            return true;
+        }
+        // Run out: back to "never", unless a new ejection (a later end) has replaced this one.
+        let _ =
+            self.ejected_until_ms
+                .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
+        false
     }
 
     /// A request got an answer that is not a server error.
@@ -103,7 +116,9 @@ impl Outlier {
 impl Outlier {
     /// The state of a peer whose ejection has just run out.
     fn expire(&self) {
-        self.ejected_until_ms.store(0, Ordering::Relaxed);
+        // An end already past (the clock starts at 0 when first read, 2 ms before the test
+        // asks).
+        self.ejected_until_ms.store(1, Ordering::Relaxed);
         self.ejections.store(1, Ordering::Relaxed);
     }
 }
@@ -149,6 +164,8 @@ mod tests {
                 }
             })
         };
+        now_ms();
+        std::thread::sleep(Duration::from_millis(2));
         let mut lost = 0;
         for _ in 0..3_000_000 {
             p.expire();

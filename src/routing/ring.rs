@@ -38,6 +38,11 @@ pub struct Ring {
     /// Sorted point positions; `owners[i]` is the index in `peers` of the peer at `points[i]`.
     points: Vec<u64>,
     owners: Vec<u32>,
+    /// `buckets[b]` is the first point whose top bits are `b` or more: a lookup narrows to a
+    /// handful of neighbouring points instead of a binary search over all of them, whose every
+    /// step is a cache miss on a ring of tens of thousands of points.
+    buckets: Vec<u32>,
+    shift: u32,
     peers: Vec<Backend>,
 }
 
@@ -71,12 +76,31 @@ impl Ring {
             a.0.cmp(&b.0)
                 .then_with(|| peers[a.1 as usize].addr.cmp(&peers[b.1 as usize].addr))
         });
-        let (points, owners) = placed.into_iter().unzip();
+        let (points, owners): (Vec<u64>, Vec<u32>) = placed.into_iter().unzip();
+        // About four points per bucket, at most a million buckets.
+        let bits = (points.len() / 4)
+            .max(2)
+            .next_power_of_two()
+            .trailing_zeros()
+            .min(20);
+        let shift = 64 - bits;
+        let buckets = (0..=1u64 << bits)
+            .map(|b| points.partition_point(|&p| (p >> shift) < b) as u32)
+            .collect();
         Self {
             points,
             owners,
+            buckets,
+            shift,
             peers,
         }
+    }
+
+    /// The index of the first point at or after `hash` (the number of points when none is).
+    fn first_at_or_after(&self, hash: u64) -> usize {
+        let b = (hash >> self.shift) as usize;
+        let (lo, hi) = (self.buckets[b] as usize, self.buckets[b + 1] as usize);
+        lo + self.points[lo..hi].partition_point(|&p| p < hash)
     }
 
     pub fn peers(&self) -> &[Backend] {
@@ -123,7 +147,7 @@ struct WalkState {
 impl WalkState {
     fn new(ring: &Ring, hash: u64) -> Self {
         Self {
-            start: ring.points.partition_point(|&p| p < hash),
+            start: ring.first_at_or_after(hash),
             taken: 0,
             yielded: 0,
             seen: SeenSet::new(ring.peers.len()),
@@ -241,6 +265,29 @@ mod tests {
             seen.sort_unstable();
             seen.dedup();
             assert_eq!(seen.len(), n);
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(16))]
+        /// The bucket index finds the point a binary search over the whole ring finds.
+        #[test]
+        fn buckets_find_the_first_point_at_or_after_a_hash(
+            n in 0usize..40,
+            vnodes in 1u32..64,
+            hashes in proptest::collection::vec(proptest::num::u64::ANY, 64),
+        ) {
+            let ring = Ring::new(backends(n), RingConfig { vnodes_per_weight: vnodes });
+            let probes = hashes
+                .into_iter()
+                .chain([0, u64::MAX])
+                .chain(ring.points.iter().take(8).copied());
+            for h in probes {
+                proptest::prop_assert_eq!(
+                    ring.first_at_or_after(h),
+                    ring.points.partition_point(|&p| p < h)
+                );
+            }
         }
     }
 
