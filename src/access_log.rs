@@ -1,7 +1,23 @@
 //! One line per request on standard output (the journal, under systemd), plain or JSON. The
 //! routing key appears as its hash only: the prompt it comes from is private.
+//!
+//! Lines are written by a thread of their own, in batches: a worker thread only formats its
+//! line and queues it, and never blocks on a slow stdout (a full pipe to the journal). A line
+//! that finds the queue full is dropped and counted. Lines reach stdout within tens of
+//! milliseconds.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::time::{Duration, Instant};
+
+use crate::metrics;
+
+/// Lines that may wait for the writer: a few seconds of a busy proxy.
+const QUEUE: usize = 16 * 1024;
+
+/// Lines queued and not yet written, across every log of this process.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
 
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +53,8 @@ pub struct AccessLog {
     format: AccessLogFormat,
     /// The secret the key hashes are keyed with.
     secret: Vec<u8>,
+    /// The writer's queue; `None` when the log is off.
+    lines: Option<SyncSender<String>>,
 }
 
 impl AccessLog {
@@ -54,7 +72,21 @@ impl AccessLog {
                     .collect()
             }
         };
-        Self { format, secret }
+        let lines = (format != AccessLogFormat::Off).then(|| {
+            let (tx, rx) = sync_channel(QUEUE);
+            let spawned = std::thread::Builder::new()
+                .name("access log".into())
+                .spawn(move || write_lines(rx));
+            if let Err(e) = spawned {
+                log::error!("no access log: cannot start its writer: {e}");
+            }
+            tx
+        });
+        Self {
+            format,
+            secret,
+            lines,
+        }
     }
 
     /// How a routing key appears in the log: keyed, so that whoever reads the logs cannot
@@ -97,12 +129,57 @@ impl AccessLog {
         }
     }
 
+    /// Queues the line of `e` for the writer.
     pub fn write(&self, e: &Entry<'_>) {
-        if let Some(line) = self.line(e) {
-            let mut out = std::io::stdout().lock();
-            // A closed stdout must not take requests down with it.
-            let _ = writeln!(out, "{line}");
+        let (Some(lines), Some(line)) = (&self.lines, self.line(e)) else {
+            return;
+        };
+        PENDING.fetch_add(1, Ordering::AcqRel);
+        if lines.try_send(line).is_err() {
+            PENDING.fetch_sub(1, Ordering::AcqRel);
+            metrics::ACCESS_LOG_DROPPED.inc();
         }
+    }
+}
+
+/// How often the writer looks at its queue. It is not woken by each line: on the one CPU a
+/// proxy may have, a wake-up per request cost more than the write it saved.
+const WRITE_EVERY: Duration = Duration::from_millis(20);
+
+/// The writer: every `WRITE_EVERY`, whatever is queued goes out in a few large writes.
+fn write_lines(lines: Receiver<String>) {
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout());
+    let mut open = true;
+    while open {
+        std::thread::sleep(WRITE_EVERY);
+        let mut batch = 0;
+        loop {
+            match lines.try_recv() {
+                Ok(line) => {
+                    // A closed stdout must not take the process down with it.
+                    let _ = writeln!(out, "{line}");
+                    batch += 1;
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                // The log is gone (the proxy is shutting down): write what it left, and stop.
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        if batch > 0 {
+            let _ = out.flush();
+            PENDING.fetch_sub(batch, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Waits, up to `limit`, until every queued line is written: called before the process exits.
+pub fn drain(limit: Duration) {
+    let start = Instant::now();
+    while PENDING.load(Ordering::Acquire) > 0 && start.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

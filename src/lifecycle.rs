@@ -212,6 +212,7 @@ fn watch_drain(activity: &Activity, shared: &SharedLoad, mut signals: Streams) {
         }
     });
     shared.leave();
+    crate::access_log::drain(Duration::from_secs(1));
     std::process::exit(0);
 }
 

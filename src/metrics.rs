@@ -75,6 +75,10 @@ metric!(PEEK_MEMORY: IntGauge = register_int_gauge!(
     "prefixlb_peek_memory_bytes",
     "Request body bytes held now for reading routing keys (prefixlb's and Pingora's retry copy), against limits.peek_memory_bytes"
 ));
+metric!(ACCESS_LOG_DROPPED: IntCounter = register_int_counter!(
+    "prefixlb_access_log_dropped_total",
+    "Access log lines dropped because the writer's queue was full (stdout blocked)"
+));
 metric!(RELOADS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_reloads_total",
     "Reloads of the peer list, by result: changed, unchanged or error",
@@ -185,6 +189,7 @@ pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
     }
     LazyLock::force(&PEEKED_BYTES);
     LazyLock::force(&PEEK_MEMORY);
+    LazyLock::force(&ACCESS_LOG_DROPPED);
     Ok(())
 }
 

@@ -6,6 +6,8 @@
 #[path = "../../tests/common/mod.rs"]
 mod support;
 
+pub mod peers;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

@@ -306,6 +306,19 @@ impl Proxy {
         std::fs::read_to_string(self.dir.path().join("stdout.log")).unwrap_or_default()
     }
 
+    /// The access log once `done` holds for it (its writer runs apart from the requests), or
+    /// as it is after 5 s.
+    pub async fn access_log_when(&self, done: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let log = self.access_log();
+            if done(&log) || start.elapsed() > Duration::from_secs(5) {
+                return log;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     pub async fn metrics(&self) -> String {
         reqwest::get(format!("http://{}/metrics", self.admin))
             .await
@@ -390,6 +403,16 @@ pub async fn start_proxy_with(config: &str, pingora: &str) -> Proxy {
 
 /// Starts the proxy without waiting for it.
 pub fn spawn_proxy(config: &str, pingora: &str) -> Proxy {
+    spawn_proxy_adjusted(config, pingora, |_| {})
+}
+
+/// [`spawn_proxy`], with `adjust` applied to the command first. Pingora's `threads` is 2 unless
+/// `pingora` sets it.
+pub fn spawn_proxy_adjusted(
+    config: &str,
+    pingora: &str,
+    adjust: impl FnOnce(&mut Command),
+) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     let (port, admin_port) = (free_port(), free_port());
     let lb = format!(
@@ -397,13 +420,20 @@ pub fn spawn_proxy(config: &str, pingora: &str) -> Proxy {
     );
     let lb_path = dir.path().join("prefixlb.yaml");
     std::fs::write(&lb_path, lb).unwrap();
+    let threads = if pingora.contains("threads:") {
+        ""
+    } else {
+        "threads: 2\n"
+    };
     let pingora = format!(
-        "version: 1\nthreads: 2\npid_file: {d}/p.pid\nupgrade_sock: {d}/u.sock\n{pingora}",
+        "version: 1\n{threads}pid_file: {d}/p.pid\nupgrade_sock: {d}/u.sock\n{pingora}",
         d = dir.path().display()
     );
     let pingora_path = dir.path().join("pingora.yaml");
     std::fs::write(&pingora_path, pingora).unwrap();
-    let child = Command::new(binary())
+    let mut command = Command::new(binary());
+    adjust(&mut command);
+    let child = command
         .arg("-l")
         .arg(&lb_path)
         .arg("-c")

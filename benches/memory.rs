@@ -1,0 +1,216 @@
+//! What an open stream and an idle connection cost in memory, beside HAProxy and the bare
+//! Pingora proxy, in one run: 5,000 SSE streams held open through each proxy (an upstream that
+//! sends a token every 100 ms), then 8,000 idle keep-alive connections. The figure is the
+//! proxy's resident memory with them open, less its resident memory before.
+//!
+//! `cargo bench --bench memory`
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::post;
+use common::peers::*;
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const STREAMS: usize = 5_000;
+/// As many as fit under this machine's 20,000 descriptors per process, each proxy holding one
+/// per idle client and HAProxy two per connection of its `maxconn`.
+const IDLE: usize = 8_000;
+const TOKEN_EVERY: Duration = Duration::from_millis(100);
+/// Long enough to open every stream and measure with all of them still running.
+const TOKENS: u64 = 400;
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(bench());
+}
+
+/// The proxies, freshly started: memory an allocator kept from one phase must not hide the
+/// next one's.
+async fn start_targets(
+    upstream: SocketAddr,
+) -> Vec<(&'static str, SocketAddr, u32, Box<dyn std::any::Any>)> {
+    let mut targets: Vec<(&'static str, SocketAddr, u32, Box<dyn std::any::Any>)> = Vec::new();
+    match start_haproxy(upstream, false, 9_000).await {
+        Ok((addr, child)) => targets.push(("HAProxy", addr, child.child.id(), Box::new(child))),
+        Err(why) => println!("HAProxy: skipped ({why})"),
+    }
+    match start_bare(upstream, false).await {
+        Ok((addr, child)) => {
+            targets.push(("bare Pingora", addr, child.child.id(), Box::new(child)))
+        }
+        Err(why) => println!("bare Pingora: skipped ({why})"),
+    }
+    let proxy = start_proxy_with(
+        &format!(
+            "{}health_check: {{enabled: false}}\naccess_log: off\n",
+            peers_yaml_at([upstream], None)
+        ),
+        "threads: 2\n",
+    )
+    .await;
+    targets.push(("prefixlb", proxy.addr, proxy.pid(), Box::new(proxy)));
+    targets
+}
+
+async fn bench() {
+    let upstream = streaming_upstream().await;
+    println!(
+        "\n{STREAMS} SSE streams (a token every {} ms), and {IDLE} idle keep-alive connections, each on a fresh process\n",
+        TOKEN_EVERY.as_millis()
+    );
+    println!(
+        "{:<14} {:>9} {:>12} {:>12} {:>12} {:>13} {:>7}",
+        "proxy", "RSS at rest", "RSS streams", "per stream", "RSS idle c.", "per idle c.", "errors"
+    );
+    let mut streams_rows = Vec::new();
+    for (name, addr, pid, _serving) in start_targets(upstream).await {
+        let before = rss(pid);
+        let tokens = Arc::new(AtomicU64::new(0));
+        let (streams, errors) = open_streams(addr, &tokens).await;
+        // Every stream is flowing: each has had a few tokens.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let flowing = tokens.load(Ordering::Relaxed);
+        let with_streams = rss(pid);
+        drop(streams);
+        if flowing < STREAMS as u64 {
+            println!("  ({name}: only {flowing} tokens arrived over {STREAMS} streams)");
+        }
+        streams_rows.push((name, before, with_streams, errors));
+    }
+    let mut idle_rows = Vec::new();
+    for (_, addr, pid, _serving) in start_targets(upstream).await {
+        let before = rss(pid);
+        let idle = open_idle(addr).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        idle_rows.push((before, rss(pid), IDLE - idle.len()));
+    }
+    let per = |more: u64, base: u64, n: usize| more.saturating_sub(base) as f64 / n as f64 / 1024.0;
+    for ((name, before, with_streams, errors), (idle_before, with_idle, idle_errors)) in
+        streams_rows.into_iter().zip(idle_rows)
+    {
+        println!(
+            "{:<14} {:>9.1} M {:>10.1} M {:>8.1} KiB {:>10.1} M {:>9.1} KiB {:>7}",
+            name,
+            mib(before),
+            mib(with_streams),
+            per(with_streams, before, STREAMS),
+            mib(with_idle),
+            per(with_idle, idle_before, IDLE),
+            errors + idle_errors
+        );
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// An upstream whose every chat answer is an SSE stream of `TOKENS` tokens, `TOKEN_EVERY` apart,
+/// and which lists no models.
+async fn streaming_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new()
+        .route(
+            "/v1/models",
+            axum::routing::get(|| async { r#"{"object":"list","data":[]}"# }),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(|_body: axum::body::Bytes| async {
+                let tokens = futures_util::stream::unfold(0u64, |i| async move {
+                    if i == TOKENS {
+                        return None;
+                    }
+                    tokio::time::sleep(TOKEN_EVERY).await;
+                    let event = format!("data: {{\"i\":{i},\"delta\":\"tok\"}}\n\n");
+                    Some((Ok::<_, Infallible>(event), i + 1))
+                });
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::from_stream(tokens))
+                    .unwrap()
+            }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+fn request(i: usize) -> String {
+    let body = format!(
+        r#"{{"model":"m","stream":true,"messages":[{{"role":"system","content":"Be terse."}},{{"role":"user","content":"Stream {i}."}}]}}"#
+    );
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Open streams, each read by a task; dropped, they close.
+struct Streams(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Streams {
+    fn drop(&mut self) {
+        for s in &self.0 {
+            s.abort();
+        }
+    }
+}
+
+/// Opens `STREAMS` streams, each read by a task that counts the tokens.
+async fn open_streams(addr: SocketAddr, tokens: &Arc<AtomicU64>) -> (Streams, usize) {
+    let (mut streams, mut errors) = (Vec::with_capacity(STREAMS), 0);
+    for i in 0..STREAMS {
+        let mut s = match TcpStream::connect(addr).await {
+            Ok(s) => s,
+            Err(_) => {
+                errors += 1;
+                continue;
+            }
+        };
+        if s.write_all(request(i).as_bytes()).await.is_err() {
+            errors += 1;
+            continue;
+        }
+        let tokens = Arc::clone(tokens);
+        streams.push(tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = s.read(&mut buf).await {
+                let events = buf[..n].windows(6).filter(|w| w == b"data: ").count();
+                tokens.fetch_add(events as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    (Streams(streams), errors)
+}
+
+/// `IDLE` keep-alive connections, each idle after one short request (a model list).
+async fn open_idle(addr: SocketAddr) -> Vec<TcpStream> {
+    let mut idle = Vec::with_capacity(IDLE);
+    for _ in 0..IDLE {
+        let Ok(mut s) = TcpStream::connect(addr).await else {
+            continue;
+        };
+        let asked = s
+            .write_all(b"GET /v1/models HTTP/1.1\r\nHost: bench\r\n\r\n")
+            .await;
+        let mut buf = [0u8; 1024];
+        if asked.is_ok() && matches!(s.read(&mut buf).await, Ok(1..)) {
+            idle.push(s);
+        }
+    }
+    idle
+}
