@@ -1054,8 +1054,19 @@ async fn an_engines_own_controls_are_not_reachable_through_the_balancer() {
         "/v1/load_lora_adapter",
         "/metrics",
     ] {
-        let r = c.post(proxy.url(path)).body("{}").send().await.unwrap();
+        let r = c
+            .post(proxy.url(path))
+            .header("x-request-id", "refused-1")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 404, "{path}");
+        assert_eq!(
+            r.headers()["x-request-id"],
+            "refused-1",
+            "an answer of prefixlb's own without the request id"
+        );
         let err: serde_json::Value = r.json().await.unwrap();
         assert_eq!(err["error"]["code"], "unknown_url", "{path}");
     }

@@ -2,6 +2,7 @@
 //! `{"error": {"message", "type", "code"}}`.
 
 use bytes::Bytes;
+use http::HeaderName;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType};
@@ -142,20 +143,32 @@ impl ApiError {
         Bytes::from(v.to_string())
     }
 
-    pub fn header(&self, body_len: usize) -> pingora::Result<ResponseHeader> {
-        let mut h = ResponseHeader::build(self.status, Some(4))?;
+    /// The response header, with the request's id (header name and value) when it has one.
+    pub fn header(
+        &self,
+        body_len: usize,
+        request_id: Option<(&HeaderName, &str)>,
+    ) -> pingora::Result<ResponseHeader> {
+        let mut h = ResponseHeader::build(self.status, Some(5))?;
         h.insert_header("content-type", "application/json")?;
         h.insert_header("content-length", body_len.to_string())?;
         if let Some(secs) = self.retry_after_secs {
             h.insert_header("retry-after", secs.to_string())?;
         }
+        if let Some((name, id)) = request_id {
+            h.insert_header(name.clone(), id)?;
+        }
         Ok(h)
     }
 
     /// Writes the error as the whole response.
-    pub async fn send(&self, session: &mut Session) -> pingora::Result<()> {
+    async fn send(
+        &self,
+        session: &mut Session,
+        request_id: Option<(&HeaderName, &str)>,
+    ) -> pingora::Result<()> {
         let body = self.body();
-        let header = self.header(body.len())?;
+        let header = self.header(body.len(), request_id)?;
         session
             .write_response_header(Box::new(header), false)
             .await?;
@@ -165,9 +178,13 @@ impl ApiError {
     /// Writes the error, then reads and drops what the client still sends of its body, for a
     /// while, before the connection closes: closing on unread bytes resets the connection, and
     /// a client still writing its body would see the reset instead of this answer.
-    pub async fn send_and_close(&self, session: &mut Session) -> pingora::Result<()> {
+    pub async fn send_and_close(
+        &self,
+        session: &mut Session,
+        request_id: Option<(&HeaderName, &str)>,
+    ) -> pingora::Result<()> {
         session.set_keepalive(None);
-        self.send(session).await?;
+        self.send(session, request_id).await?;
         if !session.is_body_done() {
             let _ = tokio::time::timeout(LINGER, session.drain_request_body()).await;
         }

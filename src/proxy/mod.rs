@@ -75,6 +75,15 @@ impl PrefixLb {
         }
     }
 
+    /// Answers the client with `api`, with this request's id, and ends the exchange.
+    async fn answer(&self, session: &mut Session, ctx: &RequestCtx, api: &ApiError) -> Result<()> {
+        let id = self
+            .forwarding
+            .request_id_header()
+            .zip(ctx.request_id.as_deref());
+        api.send_and_close(session, id).await
+    }
+
     /// Chooses the peer for a request that skips the waiting line: a retry after a failed
     /// connect, or a request too light to be bounded.
     fn choose_now(&self, session: &Session, ctx: &RequestCtx) -> Decision {
@@ -143,16 +152,14 @@ impl ProxyHttp for PrefixLb {
             metrics::REJECTIONS
                 .with_label_values(&["path_not_allowed"])
                 .inc();
-            ApiError::unknown_path(session.req_header())
-                .send_and_close(session)
-                .await?;
+            let api = ApiError::unknown_path(session.req_header());
+            self.answer(session, ctx, &api).await?;
             return Ok(true);
         }
         let router = &self.router;
         let limits = self.settings.peek;
         if declared_length(&session.req_header().headers).is_some_and(|len| len > limits.max_body) {
-            ApiError::body_too_large(limits.max_body)
-                .send_and_close(session)
+            self.answer(session, ctx, &ApiError::body_too_large(limits.max_body))
                 .await?;
             return Ok(true);
         }
@@ -177,7 +184,7 @@ impl ProxyHttp for PrefixLb {
                     peeked.key
                 }
                 Err(api) => {
-                    api.send_and_close(session).await?;
+                    self.answer(session, ctx, &api).await?;
                     return Ok(true);
                 }
             }
@@ -198,8 +205,7 @@ impl ProxyHttp for PrefixLb {
                 }
                 _ => {
                     metrics::REJECTIONS.with_label_values(&["no_peer"]).inc();
-                    ApiError::rejected(Rejection::NoPeer)
-                        .send_and_close(session)
+                    self.answer(session, ctx, &ApiError::rejected(Rejection::NoPeer))
                         .await?;
                     Ok(true)
                 }
@@ -240,7 +246,7 @@ impl ProxyHttp for PrefixLb {
                 metrics::REJECTIONS.with_label_values(&[why.as_str()]).inc();
                 // The body may still be on its way: closing on it would reset the connection
                 // before the client reads the 503.
-                ApiError::rejected(why).send_and_close(session).await?;
+                self.answer(session, ctx, &ApiError::rejected(why)).await?;
                 Ok(true)
             }
         }
@@ -492,7 +498,7 @@ impl ProxyHttp for PrefixLb {
             ctx.released = Some(Arc::clone(slot.peer()));
         }
         if final_response(session).is_none() {
-            if let Err(write) = api.send_and_close(session).await {
+            if let Err(write) = self.answer(session, ctx, &api).await {
                 log::debug!("could not send the error response: {write}");
             }
         }
