@@ -431,3 +431,29 @@ fn a_drain_racing_a_rebuild_lands_on_the_cluster_that_stays() {
     reloads.join().unwrap();
     assert_eq!(stale, 0, "rounds that left a stale eligible weight");
 }
+
+/// The bound is a mean over the peers that may take requests: what a draining or removed peer
+/// still carries must not raise the others' ceilings.
+#[test]
+fn load_on_peers_left_out_does_not_raise_the_bound() {
+    let specs = uniform(4, UNLIMITED);
+    let cluster = Cluster::new(&specs, RingConfig::default());
+    let held: Vec<Slot> = (0..6).map(|_| cluster.peers()[0].take()).collect();
+    let drained = cluster.peers()[0].id().to_owned();
+    let other = Arc::clone(&cluster.peers()[1]);
+    // 6 of 6 in flight are on one of four peers: with all four eligible, the mean is 7/4.
+    assert_eq!(cluster.bound(&BOUNDED, &other), 3);
+    cluster.set_draining(&drained, true);
+    // Three eligible peers carry nothing: ceil(1.25 · (0 + 1) / 3) = 1.
+    assert_eq!(cluster.bound(&BOUNDED, &other), 1);
+    let rebuilt = cluster.rebuild(&specs[1..], RingConfig::default());
+    let other = Arc::clone(rebuilt.peer(other.id()).unwrap());
+    assert_eq!(
+        rebuilt.bound(&BOUNDED, &other),
+        1,
+        "a removed peer's requests counted"
+    );
+    drop(held);
+    rebuilt.refresh();
+    assert_eq!(rebuilt.bound(&BOUNDED, &other), 1);
+}

@@ -5,8 +5,10 @@
 //! [`Cluster::rebuild`], which hands every surviving [`Peer`] to the new ring.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+
+use arc_swap::ArcSwap;
 
 use pingora_load_balancing::Backend;
 
@@ -23,6 +25,11 @@ pub struct Cluster {
     retired: Vec<Weak<Peer>>,
     load: Arc<ClusterLoad>,
     eligible_weight: AtomicU64,
+    /// Peers that carry requests but take no new ones (draining, down, ejected, removed): the
+    /// bound leaves their load out, as it leaves their weight out.
+    ineligible: ArcSwap<Vec<Arc<Peer>>>,
+    /// Whether `ineligible` is not empty: the common case reads no more than this.
+    any_ineligible: AtomicBool,
     /// Peer indices repeated by weight and interleaved, for round robin.
     rotation: Vec<u32>,
     cursor: AtomicUsize,
@@ -54,7 +61,9 @@ impl Cluster {
             gone.set_external(0);
             retired.push(Arc::downgrade(&gone));
         }
-        Self { retired, ..next }
+        let cluster = Self { retired, ..next };
+        cluster.refresh();
+        cluster
     }
 
     fn assemble(
@@ -102,6 +111,8 @@ impl Cluster {
             retired: Vec::new(),
             load,
             eligible_weight: AtomicU64::new(0),
+            ineligible: ArcSwap::default(),
+            any_ineligible: AtomicBool::new(false),
             rotation,
             cursor: AtomicUsize::new(0),
         };
@@ -184,7 +195,8 @@ impl Cluster {
         }
     }
 
-    /// Recomputes the eligible weight, after ejections began or ran out.
+    /// Recomputes the eligible weight and the peers left out of the bound, after a peer's
+    /// eligibility changed (or ejections ran out).
     pub fn refresh(&self) {
         let w = self
             .peers
@@ -193,6 +205,19 @@ impl Cluster {
             .map(|p| u64::from(p.weight()))
             .sum();
         self.eligible_weight.store(w, Ordering::Relaxed);
+        let left_out: Vec<Arc<Peer>> = self
+            .peers
+            .iter()
+            .filter(|p| !p.eligible())
+            .cloned()
+            .chain(self.retired.iter().filter_map(Weak::upgrade))
+            .filter(|p| p.load() > 0)
+            .collect();
+        let any = !left_out.is_empty();
+        if any || self.any_ineligible.load(Ordering::Relaxed) {
+            self.ineligible.store(Arc::new(left_out));
+        }
+        self.any_ineligible.store(any, Ordering::Relaxed);
     }
 
     /// Chooses a peer for a request whose key is `hash` (`None`: spread by load), skipping the
@@ -222,12 +247,24 @@ impl Cluster {
         self.walk_select(hash, usable, |p| Some(p.take()))
     }
 
-    /// The in-flight ceiling of `peer` under `balance`, in this cluster as it is now.
+    /// The in-flight ceiling of `peer` under `balance`, in this cluster as it is now. Its mean
+    /// is over the eligible peers: their load over their weight. (Counting what a draining or
+    /// ejected peer still carries would raise every other peer's ceiling by that much.)
     pub fn bound(&self, balance: &Balance, peer: &Peer) -> u32 {
+        let left_out: u64 = if self.any_ineligible.load(Ordering::Relaxed) {
+            self.ineligible
+                .load()
+                .iter()
+                .map(|p| u64::from(p.load()))
+                .sum()
+        } else {
+            0
+        };
+        let total = self.in_flight() + self.load.external();
         balance.bound(BoundInputs {
             max_in_flight: peer.max_in_flight(),
             weight: peer.weight(),
-            total_in_flight: self.in_flight() + self.load.external(),
+            total_in_flight: total.saturating_sub(left_out),
             eligible_weight: self.eligible_weight(),
         })
     }
