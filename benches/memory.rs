@@ -37,8 +37,8 @@ fn main() {
     runtime.block_on(bench());
 }
 
-/// The proxies, freshly started: memory an allocator kept from one phase must not hide the
-/// next one's.
+/// The proxies, freshly started (one worker thread each): memory an allocator kept from one
+/// phase must not hide the next one's.
 async fn start_targets(
     upstream: SocketAddr,
 ) -> Vec<(&'static str, SocketAddr, u32, Box<dyn std::any::Any>)> {
@@ -58,7 +58,7 @@ async fn start_targets(
             "{}health_check: {{enabled: false}}\naccess_log: off\n",
             peers_yaml_at([upstream], None)
         ),
-        "threads: 2\n",
+        "threads: 1\n",
     )
     .await;
     targets.push(("prefixlb", proxy.addr, proxy.pid(), Box::new(proxy)));

@@ -72,16 +72,17 @@ impl AccessLog {
                     .collect()
             }
         };
-        let lines = (format != AccessLogFormat::Off).then(|| {
-            let (tx, rx) = sync_channel(QUEUE);
-            let spawned = std::thread::Builder::new()
-                .name("access log".into())
-                .spawn(move || write_lines(rx));
-            if let Err(e) = spawned {
-                log::error!("no access log: cannot start its writer: {e}");
-            }
-            tx
-        });
+        let lines = (format != AccessLogFormat::Off)
+            .then(|| {
+                let (tx, rx) = sync_channel(QUEUE);
+                std::thread::Builder::new()
+                    .name("access log".into())
+                    .spawn(move || write_lines(rx))
+                    .map_err(|e| log::error!("no access log: cannot start its writer: {e}"))
+                    .ok()
+                    .map(|_| tx)
+            })
+            .flatten();
         Self {
             format,
             secret,
@@ -142,21 +143,27 @@ impl AccessLog {
     }
 }
 
-/// How often the writer looks at its queue. It is not woken by each line: on the one CPU a
-/// proxy may have, a wake-up per request cost more than the write it saved.
+/// How long the writer lets lines gather after the first of a batch. It is not woken by each
+/// line: on the one CPU a proxy may have, a wake-up per request cost more than the write it
+/// saved.
 const WRITE_EVERY: Duration = Duration::from_millis(20);
 
-/// The writer: every `WRITE_EVERY`, whatever is queued goes out in a few large writes.
+/// The writer: it sleeps until a line comes (a sender wakes only a receiver blocked on the
+/// queue), lets more gather for `WRITE_EVERY`, then writes them all in a few large writes.
 fn write_lines(lines: Receiver<String>) {
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout());
     let mut open = true;
     while open {
+        let Ok(first) = lines.recv() else {
+            return;
+        };
         std::thread::sleep(WRITE_EVERY);
-        let mut batch = 0;
+        // A closed stdout must not take the process down with it.
+        let _ = writeln!(out, "{first}");
+        let mut batch = 1;
         loop {
             match lines.try_recv() {
                 Ok(line) => {
-                    // A closed stdout must not take the process down with it.
                     let _ = writeln!(out, "{line}");
                     batch += 1;
                 }
@@ -168,10 +175,8 @@ fn write_lines(lines: Receiver<String>) {
                 }
             }
         }
-        if batch > 0 {
-            let _ = out.flush();
-            PENDING.fetch_sub(batch, Ordering::AcqRel);
-        }
+        let _ = out.flush();
+        PENDING.fetch_sub(batch, Ordering::AcqRel);
     }
 }
 

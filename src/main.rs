@@ -170,6 +170,7 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
             shared,
         }),
     });
+    prefixlb::access_log::drain(std::time::Duration::from_secs(1));
     std::process::exit(0)
 }
 

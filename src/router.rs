@@ -66,8 +66,17 @@ impl Router {
         let ejected = cluster.peers().iter().filter(|p| p.ejected()).count();
         let may_eject = self.outlier.may_eject(ejected, cluster.peers().len());
         let backoff = peer.record_failure(&self.outlier, may_eject)?;
-        cluster.refresh();
+        drop(cluster);
+        self.refresh();
         Some(backoff)
+    }
+
+    /// Recomputes the current cluster's eligible weight after a peer's eligibility changed, in
+    /// turn with membership changes (on the cluster a racing rebuild stored, not the one it
+    /// replaced).
+    pub fn refresh(&self) {
+        let _one_at_a_time = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        self.cluster().refresh();
     }
 
     /// Drains a peer or takes it back; false when it is not a member. In turn with membership

@@ -366,15 +366,19 @@ async fn peeks_beyond_the_memory_budget_get_503() {
         "POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
+    let memory = |m: &str| one(&scrape(m), "prefixlb_peek_memory_bytes", &[]);
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
         s.write_all(head.as_bytes()).await.unwrap();
         s.write_all(&body.as_bytes()[..3000]).await.unwrap();
         held.push(s);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The first holds its share before the second asks for one.
+        let start = std::time::Instant::now();
+        while memory(&proxy.metrics().await) < 6000.0 && start.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
-    let memory = |m: &str| one(&scrape(m), "prefixlb_peek_memory_bytes", &[]);
     assert_eq!(
         memory(&proxy.metrics().await),
         6000.0,

@@ -749,6 +749,17 @@ async fn malformed_bodies_are_routed_by_fallback_and_leak_nothing() {
     proxy.assert_idle().await;
 }
 
+/// A key path renamed in the configuration is forwarded, whatever the allowlist says.
+#[test]
+fn renamed_key_paths_are_allowed() {
+    let settings = prefixlb::config::parse(
+        "peers: [{addr: \"127.0.0.1:1\"}]\nrouting: {key: {chat_path: /my/chat}}\n",
+    )
+    .unwrap();
+    let allowed = settings.proxy.forwarding.allowed_paths.unwrap();
+    assert!(allowed.iter().any(|p| p == "/my/chat"), "{allowed:?}");
+}
+
 #[test]
 fn invalid_configs_are_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
@@ -765,6 +776,18 @@ fn invalid_configs_are_refused_naming_the_field() {
         (
             "peers: [{addr: \"127.0.0.1:1\"}, {addr: \"127.0.0.1:2\", weight: 0}]",
             "peers[1].weight",
+        ),
+        (
+            "forwarding: {request_id_header: content-length}",
+            "forwarding.request_id_header",
+        ),
+        (
+            "forwarding: {trusted_proxies: [10.0.0.0/33]}",
+            "forwarding.trusted_proxies[0]",
+        ),
+        (
+            "limits: {peek_memory_bytes: 1000}",
+            "limits.peek_memory_bytes",
         ),
     ];
     for (yaml, field) in cases {

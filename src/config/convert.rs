@@ -220,12 +220,12 @@ fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
         f.routing.peek_limit_bytes as u64,
     )?;
     at_least_one("limits.max_body_bytes", f.limits.max_body_bytes as u64)?;
-    if f.limits.peek_memory_bytes < 2 * f.routing.peek_limit_bytes {
+    if f.limits.peek_memory_bytes < f.routing.peek_limit_bytes.saturating_mul(2) {
         return Err(ConfigError::new(
             "limits.peek_memory_bytes",
             format!(
                 "must be at least twice routing.peek_limit_bytes ({}): one peek holds its window and Pingora's copy of it",
-                2 * f.routing.peek_limit_bytes
+                f.routing.peek_limit_bytes.saturating_mul(2)
             ),
         ));
     }
@@ -261,11 +261,21 @@ fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
             "limits.client_write_timeout_ms",
             f.limits.client_write_timeout_ms,
         )?,
-        forwarding: forwarding(&f.forwarding)?,
+        forwarding: forwarding(
+            &f.forwarding,
+            &[
+                &f.routing.key.chat_path,
+                &f.routing.key.completions_path,
+                &f.routing.key.generate_path,
+            ],
+        )?,
     })
 }
 
-fn forwarding(f: &schema::Forwarding) -> Result<ForwardingSettings, ConfigError> {
+fn forwarding(
+    f: &schema::Forwarding,
+    key_paths: &[&String],
+) -> Result<ForwardingSettings, ConfigError> {
     let trusted_proxies = f
         .trusted_proxies
         .iter()
@@ -285,23 +295,54 @@ fn forwarding(f: &schema::Forwarding) -> Result<ForwardingSettings, ConfigError>
         .request_id_header
         .as_deref()
         .map(|h| {
-            HeaderName::try_from(h).map_err(|_| {
+            let name = HeaderName::try_from(h).map_err(|_| {
                 ConfigError::new(
                     "forwarding.request_id_header",
                     format!("`{h}` is not a header name"),
                 )
-            })
+            })?;
+            // The id replaces whatever the header held: it must not be one HTTP itself reads.
+            const FRAMING: &[&str] = &[
+                "host",
+                "content-length",
+                "transfer-encoding",
+                "connection",
+                "keep-alive",
+                "upgrade",
+                "te",
+                "trailer",
+                "expect",
+                "proxy-connection",
+            ];
+            if FRAMING.contains(&name.as_str()) {
+                return Err(ConfigError::new(
+                    "forwarding.request_id_header",
+                    format!("`{h}` is a header HTTP itself reads: name another"),
+                ));
+            }
+            Ok(name)
         })
         .transpose()?;
-    if let Some(paths) = &f.allowed_paths {
-        for (i, p) in paths.iter().enumerate() {
-            path(&format!("forwarding.allowed_paths[{i}]"), p)?;
+    let allowed_paths = match &f.allowed_paths {
+        Some(paths) => {
+            for (i, p) in paths.iter().enumerate() {
+                path(&format!("forwarding.allowed_paths[{i}]"), p)?;
+            }
+            // The paths keys are read from are forwarded, whatever they were renamed to.
+            let mut allowed = paths.clone();
+            for &p in key_paths {
+                if !p.is_empty() && !allowed.contains(p) {
+                    allowed.push(p.clone());
+                }
+            }
+            Some(allowed)
         }
-    }
+        None => None,
+    };
     Ok(ForwardingSettings {
         trusted_proxies,
         request_id_header,
-        allowed_paths: f.allowed_paths.clone(),
+        allowed_paths,
     })
 }
 

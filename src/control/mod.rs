@@ -135,7 +135,7 @@ impl ControlPlane {
         if self.health.is_some() {
             self.router.sync_health(|b| self.backends.ready(b));
         } else {
-            self.router.cluster().refresh();
+            self.router.refresh();
         }
     }
 

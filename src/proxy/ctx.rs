@@ -30,7 +30,8 @@ pub struct RequestCtx {
     /// attempt.
     pub(super) unreplayed: Option<Bytes>,
     pub(super) unreplayed_due: bool,
-    /// This request's share of the peek memory, held until it ends.
+    /// This request's share of the peek memory, held until the engine answers (no retry can
+    /// follow then) or the request ends.
     pub(super) peek_held: Option<super::peek::Held>,
     /// The client asked for 100 Continue and got it from here: the upstream must not be asked.
     pub(super) continued: bool,

@@ -35,14 +35,19 @@ impl Forwarding {
 
     /// Whether requests for `path` go to an engine at all.
     pub fn allows(&self, path: &str) -> bool {
-        self.settings.allowed_paths.as_ref().is_none_or(|allowed| {
-            allowed.iter().any(|p| match p.strip_suffix("/*") {
-                Some(prefix) => path
-                    .strip_prefix(prefix)
-                    .is_some_and(|rest| rest.starts_with('/')),
-                None => p == path,
-            })
-        })
+        self.settings
+            .allowed_paths
+            .as_ref()
+            .is_none_or(|allowed| allowed.iter().any(|p| matches(p, path)))
+    }
+
+    /// Whether a request is one an engine answers from memory (a model list, a health probe,
+    /// its version): it takes a slot on its peer, but no bound refuses it and it never waits
+    /// in line behind prompts on a full cluster. Everything else is bounded, GETs included:
+    /// SGLang's `/health_generate` runs a generation, a `GET /v1/responses/{id}` may stream.
+    pub fn is_light(method: &http::Method, path: &str) -> bool {
+        matches!(*method, http::Method::GET | http::Method::HEAD)
+            && LIGHT_PATHS.iter().any(|p| matches(p, path))
     }
 
     /// The request's id: the client's when it sent a usable one, a new one otherwise; `None`
@@ -81,23 +86,20 @@ impl Forwarding {
                 .iter()
                 .any(|net| net.contains(&ip))
         });
-        let before: Vec<String> = if trusted {
-            upstream
-                .headers
-                .get_all(&X_FORWARDED_FOR)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .map(str::to_owned)
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut chain = before.join(", ");
-        if let Some(ip) = client {
-            if !chain.is_empty() {
-                chain.push_str(", ");
+        let mut chain = String::new();
+        if trusted {
+            for before in upstream.headers.get_all(&X_FORWARDED_FOR) {
+                if let Ok(before) = before.to_str() {
+                    chain.push_str(before);
+                    chain.push_str(", ");
+                }
             }
-            chain.push_str(&ip.to_string());
+        }
+        if let Some(ip) = client {
+            use std::fmt::Write;
+            let _ = write!(chain, "{ip}");
+        } else if chain.ends_with(", ") {
+            chain.truncate(chain.len() - 2);
         }
         upstream.remove_header(&X_FORWARDED_FOR);
         if !chain.is_empty() {
@@ -114,6 +116,28 @@ impl Forwarding {
 
     pub fn request_id_header(&self) -> Option<&HeaderName> {
         self.settings.request_id_header.as_ref()
+    }
+}
+
+/// What an engine answers from memory.
+const LIGHT_PATHS: &[&str] = &[
+    "/v1/models",
+    "/v1/models/*",
+    "/health",
+    "/ping",
+    "/version",
+    "/get_model_info",
+];
+
+/// Whether `path` is `pattern`, or lies below a `pattern` ending in `/*`. Below a star, no `.`
+/// or `..` segment: a proxy between here and the engine that resolved them would reach a path
+/// the list does not name.
+fn matches(pattern: &str, path: &str) -> bool {
+    match pattern.strip_suffix("/*") {
+        Some(prefix) => path.strip_prefix(prefix).is_some_and(|rest| {
+            rest.starts_with('/') && rest.split('/').all(|s| s != "." && s != "..")
+        }),
+        None => pattern == path,
     }
 }
 
@@ -191,6 +215,14 @@ mod tests {
         assert!(!f.allows("/v1/modelsx/y"));
         assert!(!f.allows("/v1/chat/completions/x"));
         assert!(!f.allows("/start_profile"));
+        assert!(!f.allows("/v1/models/../../start_profile"));
+        assert!(!f.allows("/v1/models/./x"));
         assert!(forwarding(&[], None).allows("/anything"));
+        assert!(Forwarding::is_light(&http::Method::GET, "/v1/models/m"));
+        assert!(!Forwarding::is_light(
+            &http::Method::GET,
+            "/health_generate"
+        ));
+        assert!(!Forwarding::is_light(&http::Method::POST, "/v1/models"));
     }
 }

@@ -97,14 +97,10 @@ impl PrefixLb {
     }
 }
 
-/// Whether a request takes a bounded slot and may wait for one. Every inference endpoint is a
-/// POST; a GET or HEAD (a model list, a health probe) is answered from memory by the engine,
-/// and must not queue behind prompts on a full cluster.
+/// Whether a request takes a bounded slot and may wait for one (see [`Forwarding::is_light`]).
 fn bounded(session: &Session) -> bool {
-    !matches!(
-        session.req_header().method,
-        http::Method::GET | http::Method::HEAD
-    )
+    let header = session.req_header();
+    !Forwarding::is_light(&header.method, header.uri.path())
 }
 
 fn client_ip(session: &Session) -> Option<std::net::IpAddr> {
@@ -356,6 +352,12 @@ impl ProxyHttp for PrefixLb {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.upstream_status = Some(upstream_response.status.as_u16());
+        // Once the engine answers, no other attempt follows: the bytes kept for one, and their
+        // share of the peek memory, can go (once the first body chunk has carried them).
+        if !ctx.unreplayed_due {
+            ctx.unreplayed = None;
+            ctx.peek_held = None;
+        }
         if let Some(slot) = &ctx.slot {
             if is_peer_fault(upstream_response.status.as_u16()) {
                 self.peer_failed(slot.peer());

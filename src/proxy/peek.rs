@@ -103,8 +103,8 @@ pub struct Peeked {
     /// The leading bytes read that Pingora's retry buffer does not hold: forwarding must send
     /// them first, on every attempt.
     pub unreplayed: Option<Bytes>,
-    /// The peek memory still held for this request, until it ends: the unreplayed bytes and
-    /// Pingora's retry copy.
+    /// The peek memory still held for this request, until the engine answers: the unreplayed
+    /// bytes and Pingora's retry copy.
     pub held: Held,
 }
 

@@ -223,7 +223,7 @@ impl Cluster {
     /// Chooses a peer for a request whose key is `hash` (`None`: spread by load), skipping the
     /// peers in `excluded` (those that already failed this request), and takes its slot.
     pub fn select(&self, balance: &Balance, hash: Option<u64>, excluded: &[Arc<Peer>]) -> Decision {
-        let usable = |p: &Arc<Peer>| p.eligible() && !excluded.iter().any(|e| Arc::ptr_eq(e, p));
+        let usable = usable(excluded);
         match (balance.policy, hash) {
             (Policy::ConsistentHash, Some(h)) => self.walk_select(h, usable, |p| Some(p.take())),
             (Policy::BoundedConsistentHash, Some(h)) => {
@@ -239,12 +239,18 @@ impl Cluster {
     /// key, whatever its load. Its slot is counted like any other, but no bound or
     /// `max_in_flight` refuses it, so it never waits in line behind the prompts.
     pub fn select_unbounded(&self, hash: Option<u64>, excluded: &[Arc<Peer>]) -> Decision {
-        let usable = |p: &Arc<Peer>| p.eligible() && !excluded.iter().any(|e| Arc::ptr_eq(e, p));
-        // Fibonacci hashing spreads consecutive counts over the ring.
-        let hash = hash.unwrap_or_else(|| {
+        // Without a key, from a point of its own: Fibonacci hashing spreads consecutive counts
+        // over the ring.
+        let point = hash.unwrap_or_else(|| {
             (self.cursor.fetch_add(1, Ordering::Relaxed) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
         });
-        self.walk_select(hash, usable, |p| Some(p.take()))
+        match self.walk_select(point, usable(excluded), |p| Some(p.take())) {
+            Decision::Routed(routed) if hash.is_none() => Decision::Routed(Routed {
+                route: Route::Balanced,
+                ..routed
+            }),
+            decision => decision,
+        }
     }
 
     /// The in-flight ceiling of `peer` under `balance`, in this cluster as it is now. Its mean
@@ -363,4 +369,9 @@ impl Cluster {
         }
         Decision::Saturated
     }
+}
+
+/// Whether the walk may choose a peer: eligible, and not one that already failed this request.
+fn usable(excluded: &[Arc<Peer>]) -> impl Fn(&Arc<Peer>) -> bool + '_ {
+    move |p| p.eligible() && !excluded.iter().any(|e| Arc::ptr_eq(e, p))
 }

@@ -288,10 +288,12 @@ impl KeyExtractor {
             // once, when it has all arrived or the window is full.
             Err(_) if end == BodyEnd::More => Err(Cut::NeedMore),
             Err(e) if is_cut(&e, body.len()) => match end {
-                BodyEnd::More => Err(Cut::NeedMore),
                 BodyEnd::Limit if !enc.is_empty() => Ok(enc.finish()),
                 BodyEnd::Limit => Err(Cut::Fallback(FallbackReason::PeekLimit)),
-                BodyEnd::Complete => Err(Cut::Fallback(FallbackReason::InvalidJson)),
+                // A body that has all arrived and breaks off.
+                BodyEnd::Complete | BodyEnd::More => {
+                    Err(Cut::Fallback(FallbackReason::InvalidJson))
+                }
             },
             Err(e) => Err(reason_of(&e, body, end)),
         }
