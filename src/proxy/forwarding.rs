@@ -86,6 +86,7 @@ impl Forwarding {
                 .iter()
                 .any(|net| net.contains(&ip))
         });
+        // Only a trusted client has one (a trusted client has an address).
         let mut chain = String::new();
         if trusted {
             for before in upstream.headers.get_all(&X_FORWARDED_FOR) {
@@ -95,14 +96,10 @@ impl Forwarding {
                 }
             }
         }
+        upstream.remove_header(&X_FORWARDED_FOR);
         if let Some(ip) = client {
             use std::fmt::Write;
             let _ = write!(chain, "{ip}");
-        } else if chain.ends_with(", ") {
-            chain.truncate(chain.len() - 2);
-        }
-        upstream.remove_header(&X_FORWARDED_FOR);
-        if !chain.is_empty() {
             upstream.insert_header(X_FORWARDED_FOR, chain)?;
         }
         if !(trusted && upstream.headers.contains_key(&X_FORWARDED_PROTO)) {
