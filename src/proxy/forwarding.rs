@@ -86,7 +86,7 @@ impl Forwarding {
                 .iter()
                 .any(|net| net.contains(&ip))
         });
-        // Only a trusted client has one (a trusted client has an address).
+        // The chain so far, from a trusted proxy only; then the client itself.
         let mut chain = String::new();
         if trusted {
             for before in upstream.headers.get_all(&X_FORWARDED_FOR) {
