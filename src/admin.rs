@@ -54,6 +54,14 @@ impl Admin {
                     "in_flight": p.in_flight(),
                     "max_in_flight": (p.max_in_flight() != crate::routing::UNLIMITED).then(|| p.max_in_flight()),
                     "bound": cluster.bound(&self.router.balance, p),
+                    // Requests others carry on the peer, as the bound counts them.
+                    "external": p.external(),
+                    "engine": p.engine().map(|(e, age)| json!({
+                        "running": e.running,
+                        "waiting": e.waiting,
+                        "kv_cache_usage": e.kv_cache_usage,
+                        "age_ms": age.as_millis() as u64,
+                    })),
                 })
             })
             .collect();

@@ -11,6 +11,7 @@ use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
 use prefixlb::admin::Admin;
+use prefixlb::control::engine::EngineFeedback;
 use prefixlb::control::shared_load::{Publisher, SharedLoad};
 use prefixlb::control::source::PeerSource;
 use prefixlb::control::ControlPlane;
@@ -149,6 +150,12 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     )
     .map_err(|e| format!("health check setup: {e}"))?;
     server.add_service(background_service("control plane", control));
+    if let Some(engine) = &settings.engine_metrics {
+        server.add_service(background_service(
+            "engine metrics",
+            EngineFeedback::new(Arc::clone(&router), engine.clone()),
+        ));
+    }
     if let Some(admin_settings) = &settings.admin {
         let mut admin = Service::new(
             "prefixlb admin".into(),

@@ -79,6 +79,10 @@ metric!(ACCESS_LOG_DROPPED: IntCounter = register_int_counter!(
     "prefixlb_access_log_dropped_total",
     "Access log lines dropped because the writer's queue was full (stdout blocked)"
 ));
+metric!(ENGINE_SCRAPE_FAILURES: IntCounter = register_int_counter!(
+    "prefixlb_engine_scrape_failures_total",
+    "Engine metrics pages that could not be read or held no request counts (the peer then counts this process's requests only)"
+));
 metric!(RELOADS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_reloads_total",
     "Reloads of the peer list, by result: changed, unchanged or error",
@@ -98,7 +102,7 @@ struct PeerGauges {
 
 const QUEUE_DEPTH: (&str, &str) = ("prefixlb_queue_depth", "Requests waiting for a slot now");
 
-const PEER_GAUGES: [(&str, &str); 5] = [
+const PEER_GAUGES: [(&str, &str); 7] = [
     ("prefixlb_peer_in_flight", "Requests in flight on each peer"),
     (
         "prefixlb_peer_bound",
@@ -112,6 +116,14 @@ const PEER_GAUGES: [(&str, &str); 5] = [
     (
         "prefixlb_peer_ejected",
         "1 while the peer is ejected for failing",
+    ),
+    (
+        "prefixlb_peer_external",
+        "Requests on the peer that others carry, as the bound counts them: the other processes of an upgrade, or what the engine reports beyond this process's requests",
+    ),
+    (
+        "prefixlb_peer_engine_waiting",
+        "Requests waiting in the engine's own queue, as its metrics last said (-1: unknown)",
     ),
 ];
 
@@ -135,6 +147,8 @@ impl Collector for PeerGauges {
                 i64::from(p.healthy()),
                 i64::from(p.draining()),
                 i64::from(p.ejected()),
+                i64::from(p.external()),
+                p.engine().map_or(-1, |(e, _)| i64::from(e.waiting)),
             ];
             for (vec, value) in vecs.iter().zip(values) {
                 vec.with_label_values(&[p.id()]).set(value);
@@ -190,6 +204,7 @@ pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
     LazyLock::force(&PEEKED_BYTES);
     LazyLock::force(&PEEK_MEMORY);
     LazyLock::force(&ACCESS_LOG_DROPPED);
+    LazyLock::force(&ENGINE_SCRAPE_FAILURES);
     Ok(())
 }
 

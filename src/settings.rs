@@ -24,6 +24,8 @@ pub struct Settings {
     pub allow_empty_peers: bool,
     /// `None`: no active checks; every peer counts as healthy.
     pub health_check: Option<HealthCheck>,
+    /// `None`: the engines' own metrics are not read.
+    pub engine_metrics: Option<EngineMetrics>,
 }
 
 impl Settings {
@@ -254,6 +256,24 @@ pub struct HealthCheck {
     pub timeout: Duration,
     pub healthy_after: usize,
     pub unhealthy_after: usize,
+}
+
+/// Reading each engine's Prometheus endpoint for its running and waiting requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineMetrics {
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl Default for EngineMetrics {
+    fn default() -> Self {
+        Self {
+            path: "/metrics".into(),
+            interval: Duration::from_millis(200),
+            timeout: Duration::from_millis(150),
+        }
+    }
 }
 
 impl Default for HealthCheck {

@@ -902,3 +902,41 @@ async fn a_peers_file_written_in_pieces_is_read_only_once_whole() {
         proxy.log()
     );
 }
+
+/// An engine whose metrics report a queue gets no new requests while the queue lasts (what it
+/// has beyond this process's requests counts as load), and its keys come back once it clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_reporting_a_queue_is_passed_over_until_it_clears() {
+    let ups = upstreams::<2>().await;
+    let cfg = format!(
+        "{}health_check: {{enabled: false}}\nengine_metrics: {{enabled: true, interval_ms: 50}}\n",
+        peers_yaml(&ups, None)
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let conv = conversation_on(&c, &proxy, "a").await;
+    let a = ups[0].addr_str();
+    until(&proxy, Duration::from_secs(3), |l| {
+        peer(l, &a)["engine"]["waiting"] == 0
+    })
+    .await;
+    ups[0].engine_waiting.store(20, Ordering::SeqCst);
+    until(&proxy, Duration::from_secs(3), |l| {
+        peer(l, &a)["external"] == 20 && peer(l, &a)["engine"]["waiting"] == 20
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(served_by(&c, &proxy, &conv).await, "b", "sent into a queue");
+    }
+    ups[0].engine_waiting.store(0, Ordering::SeqCst);
+    until(&proxy, Duration::from_secs(3), |l| {
+        peer(l, &a)["external"] == 0
+    })
+    .await;
+    assert_eq!(served_by(&c, &proxy, &conv).await, "a");
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("prefixlb_peer_engine_waiting{peer=\""),
+        "{metrics}"
+    );
+}

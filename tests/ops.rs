@@ -5,28 +5,57 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use prometheus_parse::{Sample, Scrape, Value};
+use openmetrics_parser::{MetricsExposition, PrometheusType, PrometheusValue, Sample};
 
 const CHAT: &str = "/v1/chat/completions";
 
+type Scrape = MetricsExposition<PrometheusType, PrometheusValue>;
+
 fn scrape(text: &str) -> Scrape {
-    Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("valid Prometheus text")
+    openmetrics_parser::prometheus::parse_prometheus(text).expect("valid Prometheus text")
 }
 
-fn value(s: &Sample) -> f64 {
+fn value(s: &Sample<PrometheusValue>) -> f64 {
     match &s.value {
-        Value::Gauge(v) | Value::Counter(v) | Value::Untyped(v) => *v,
-        Value::Histogram(h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
-        Value::Summary(_) => f64::NAN,
+        PrometheusValue::Gauge(v) | PrometheusValue::Unknown(v) => v.as_f64(),
+        PrometheusValue::Counter(c) => c.value.as_f64(),
+        PrometheusValue::Histogram(h) => h.count.unwrap_or(0) as f64,
+        PrometheusValue::Summary(_) => f64::NAN,
     }
 }
 
 /// The samples of `metric` whose labels include every pair in `labels`.
-fn find<'a>(scrape: &'a Scrape, metric: &str, labels: &[(&str, &str)]) -> Vec<&'a Sample> {
+fn find<'a>(
+    scrape: &'a Scrape,
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> Vec<&'a Sample<PrometheusValue>> {
     scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+        .families
+        .get(metric)
+        .into_iter()
+        .flat_map(|family| family.iter_samples())
+        .filter(|s| {
+            s.get_labelset()
+                .is_ok_and(|l| labels.iter().all(|(k, v)| l.get_label_value(k) == Some(*v)))
+        })
+        .collect()
+}
+
+/// The samples of every metric that carry `label` with `value`.
+fn with_label<'a>(
+    scrape: &'a Scrape,
+    label: &str,
+    value: &str,
+) -> Vec<&'a Sample<PrometheusValue>> {
+    scrape
+        .families
+        .values()
+        .flat_map(|family| family.iter_samples())
+        .filter(|s| {
+            s.get_labelset()
+                .is_ok_and(|l| l.get_label_value(label) == Some(value))
+        })
         .collect()
 }
 
@@ -131,7 +160,9 @@ async fn per_peer_gauges_match_the_streams_the_test_holds_open() {
     let duration = find(&m, "prefixlb_request_duration_seconds", &[]);
     assert!(!duration.is_empty());
     match &duration[0].value {
-        Value::Histogram(h) => assert!(h.iter().any(|b| b.less_than == 600.0)),
+        PrometheusValue::Histogram(h) => {
+            assert!(h.buckets.iter().any(|b| b.upper_bound == 600.0))
+        }
         v => panic!("not a histogram: {v:?}"),
     }
     assert!(!find(&m, "prefixlb_upstream_first_byte_seconds", &[]).is_empty());
@@ -292,11 +323,7 @@ async fn a_removed_peer_leaves_no_series_behind() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let m = scrape(&proxy.metrics().await);
-    let left: Vec<_> = m
-        .samples
-        .iter()
-        .filter(|s| s.labels.get("peer") == Some(&b))
-        .collect();
+    let left = with_label(&m, "peer", &b);
     assert!(left.is_empty(), "series of the removed peer: {left:?}");
     assert!(!find(
         &m,
@@ -338,11 +365,7 @@ async fn a_peer_removed_mid_stream_leaves_no_series_when_the_stream_ends() {
     );
     proxy.assert_idle().await;
     let m = scrape(&proxy.metrics().await);
-    let left: Vec<_> = m
-        .samples
-        .iter()
-        .filter(|s| s.labels.get("peer") == Some(&a))
-        .collect();
+    let left = with_label(&m, "peer", &a);
     assert!(
         left.is_empty(),
         "series of the removed peer came back: {left:?}"

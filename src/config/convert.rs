@@ -12,8 +12,8 @@ use crate::routing::{
     MAX_WEIGHT, UNLIMITED,
 };
 use crate::settings::{
-    AdminSettings, Discovery, Dns, DnsQuery, ForwardingSettings, HealthCheck, PeekLimits,
-    ProxySettings, RouterSettings, Settings, Upstream,
+    AdminSettings, Discovery, Dns, DnsQuery, EngineMetrics, ForwardingSettings, HealthCheck,
+    PeekLimits, ProxySettings, RouterSettings, Settings, Upstream,
 };
 
 fn at_least_one(field: &str, n: u64) -> Result<(), ConfigError> {
@@ -106,6 +106,7 @@ impl File {
             allow_empty_peers: self.discovery.allow_empty,
             discovery: discovery(self.discovery, !peers.is_empty())?,
             health_check: health_check(self.health_check)?,
+            engine_metrics: engine_metrics(self.engine_metrics)?,
             peers,
         })
     }
@@ -400,4 +401,14 @@ fn health_check(h: schema::HealthCheck) -> Result<Option<HealthCheck>, ConfigErr
         path: h.path,
     };
     Ok(h.enabled.then_some(check))
+}
+
+fn engine_metrics(e: schema::EngineMetricsFile) -> Result<Option<EngineMetrics>, ConfigError> {
+    path("engine_metrics.path", &e.path)?;
+    let metrics = EngineMetrics {
+        interval: millis("engine_metrics.interval_ms", e.interval_ms)?,
+        timeout: millis("engine_metrics.timeout_ms", e.timeout_ms)?,
+        path: e.path,
+    };
+    Ok(e.enabled.then_some(metrics))
 }

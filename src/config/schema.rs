@@ -38,6 +38,7 @@ pub struct File {
     pub health_check: HealthCheck,
     pub outlier: Outlier,
     pub forwarding: Forwarding,
+    pub engine_metrics: EngineMetricsFile,
     /// One line per request on standard output: plain, json or off.
     pub access_log: AccessLogFormat,
     /// The secret the log's key hashes are keyed with (the same on every replica, for logs
@@ -59,6 +60,7 @@ impl Default for File {
             health_check: HealthCheck::default(),
             outlier: Outlier::default(),
             forwarding: Forwarding::default(),
+            engine_metrics: EngineMetricsFile::default(),
             access_log: AccessLogFormat::default(),
             access_log_key: None,
         }
@@ -354,6 +356,28 @@ impl Default for Forwarding {
             trusted_proxies: Vec::new(),
             request_id_header: f.request_id_header.map(|h| h.as_str().to_owned()),
             allowed_paths: f.allowed_paths,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineMetricsFile {
+    pub enabled: bool,
+    pub path: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+}
+
+impl Default for EngineMetricsFile {
+    fn default() -> Self {
+        let e = settings::EngineMetrics::default();
+        Self {
+            // Off until it takes turns with the processes of an upgrade: see the README.
+            enabled: false,
+            path: e.path,
+            interval_ms: ms(e.interval),
+            timeout_ms: ms(e.timeout),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! members with an `HttpHealthCheck`, in a registry keyed by address alone, so that a peer keeps
 //! its health across weight changes and reloads.
 
+pub mod engine;
 pub mod shared_load;
 pub mod source;
 

@@ -70,7 +70,9 @@ pub use key::{
     RequestParts, RoutingKey,
 };
 pub use outlier::{is_peer_fault, OutlierPolicy};
-pub use peer::{canonical, ClusterLoad, Peer, PeerSpec, Slot, Weight, MAX_WEIGHT, UNLIMITED};
+pub use peer::{
+    canonical, ClusterLoad, EngineReport, Peer, PeerSpec, Slot, Weight, MAX_WEIGHT, UNLIMITED,
+};
 pub use policy::{Balance, Decision, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR};
 pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitQueue};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};

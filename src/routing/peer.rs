@@ -95,7 +95,13 @@ pub struct Peer {
     weight: AtomicU8,
     max_in_flight: AtomicU32,
     in_flight: AtomicU32,
+    /// The larger of the two estimates below: both count, in part, the same requests.
     external: AtomicU32,
+    /// What the other prefixlb processes of an upgrade carry here, as they publish it.
+    from_siblings: AtomicU32,
+    /// What the engine says it has (running and waiting) beyond this process's own requests.
+    from_engine: AtomicU32,
+    engine: EngineFigures,
     healthy: AtomicBool,
     draining: AtomicBool,
     removed: AtomicBool,
@@ -112,6 +118,9 @@ impl Peer {
             max_in_flight: AtomicU32::new(spec.max_in_flight),
             in_flight: AtomicU32::new(0),
             external: AtomicU32::new(0),
+            from_siblings: AtomicU32::new(0),
+            from_engine: AtomicU32::new(0),
+            engine: EngineFigures::default(),
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             removed: AtomicBool::new(false),
@@ -199,10 +208,39 @@ impl Peer {
         self.removed.store(removed, Ordering::Relaxed);
     }
     pub(super) fn set_external(&self, external: u32) {
+        self.from_siblings.store(external, Ordering::Relaxed);
+        self.update_external();
+    }
+
+    /// What the engine reported on its last scrape, `None` when that scrape failed: the
+    /// requests it has beyond this process's own count as load carried by others.
+    pub fn set_engine(&self, figures: Option<EngineReport>) {
+        let excess = figures.map_or(0, |f| {
+            (f.running + f.waiting).saturating_sub(self.in_flight())
+        });
+        self.engine.set(figures);
+        self.from_engine.store(excess, Ordering::Relaxed);
+        self.update_external();
+    }
+
+    /// The engine's last figures and how old they are, if the last scrape gave any.
+    pub fn engine(&self) -> Option<(EngineReport, Duration)> {
+        self.engine.get()
+    }
+
+    fn update_external(&self) {
+        let external = self
+            .from_siblings
+            .load(Ordering::Relaxed)
+            .max(self.from_engine.load(Ordering::Relaxed));
         let before = self.external.swap(external, Ordering::AcqRel);
         let total = &self.cluster.external;
         total.fetch_add(u64::from(external), Ordering::Relaxed);
         total.fetch_sub(u64::from(before), Ordering::Relaxed);
+        // Room that others' load gave back is capacity nobody else announces.
+        if external < before {
+            self.cluster.waiters.wake_front();
+        }
     }
 
     /// Takes a slot if the peer carries fewer than `bound` requests, its external load
@@ -228,6 +266,32 @@ impl Peer {
         Slot {
             peer: Arc::clone(self),
         }
+    }
+}
+
+/// What an engine says of itself on its metrics endpoint (vLLM's or SGLang's names).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineReport {
+    pub running: u32,
+    pub waiting: u32,
+    /// KV cache in use, 0 to 1, when the engine reports it.
+    pub kv_cache_usage: Option<f64>,
+}
+
+/// The last [`EngineReport`] of a peer and when it came; read by the admin API and metrics,
+/// written by the scraper: off the request path, so a lock is fine.
+#[derive(Debug, Default)]
+struct EngineFigures(std::sync::Mutex<Option<(EngineReport, std::time::Instant)>>);
+
+impl EngineFigures {
+    fn set(&self, figures: Option<EngineReport>) {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *last = figures.map(|f| (f, std::time::Instant::now()));
+    }
+
+    fn get(&self) -> Option<(EngineReport, Duration)> {
+        let last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        last.map(|(f, at)| (f, at.elapsed()))
     }
 }
 

@@ -36,6 +36,7 @@ struct MockState {
     peak: Arc<AtomicUsize>,
     healthy: Arc<AtomicBool>,
     health_checks: Arc<AtomicUsize>,
+    engine_waiting: Arc<AtomicUsize>,
 }
 
 pub struct Upstream {
@@ -49,6 +50,8 @@ pub struct Upstream {
     /// What `/health` answers: 200 while true, 503 while false.
     pub healthy: Arc<AtomicBool>,
     pub health_checks: Arc<AtomicUsize>,
+    /// What its `/metrics` says waits in its queue, as vLLM says it.
+    pub engine_waiting: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -98,7 +101,9 @@ pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) ->
         peak: Arc::default(),
         healthy: Arc::new(AtomicBool::new(true)),
         health_checks: Arc::default(),
+        engine_waiting: Arc::default(),
     };
+    let engine_waiting = Arc::clone(&state.engine_waiting);
     let (seen, active, peak) = (
         Arc::clone(&state.seen),
         Arc::clone(&state.active),
@@ -120,6 +125,7 @@ pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) ->
         peak,
         healthy,
         health_checks,
+        engine_waiting,
         task,
     }
 }
@@ -136,6 +142,15 @@ impl Drop for Active {
 }
 
 async fn mock(State(s): State<MockState>, req: Request) -> Response {
+    // Its metrics, as an engine reports them: not a request it answers, so not counted.
+    if req.uri().path() == "/metrics" {
+        let page = format!(
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"m\"}} {}\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {}\n",
+            s.active.load(Ordering::SeqCst),
+            s.engine_waiting.load(Ordering::SeqCst)
+        );
+        return reply(&s.name, StatusCode::OK, page);
+    }
     let now = s.active.fetch_add(1, Ordering::SeqCst) + 1;
     s.peak.fetch_max(now, Ordering::SeqCst);
     let active = Active(Arc::clone(&s.active));

@@ -1,0 +1,206 @@
+//! Engine feedback: each peer's own Prometheus metrics, read on an interval, off the request
+//! path. vLLM and SGLang say how many requests they run and how many wait; what they have
+//! beyond this process's own requests (other replicas', other clients', a queue) counts as load
+//! the bound must leave room for. A peer whose metrics cannot be read counts its own requests
+//! only, as without feedback.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::BytesMut;
+use pingora::connectors::http::Connector;
+use pingora::http::RequestHeader;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use pingora::upstreams::peer::HttpPeer;
+
+use crate::metrics;
+use crate::router::Router;
+use crate::routing::{EngineReport, Peer};
+use crate::settings::EngineMetrics;
+
+/// The most of a metrics page read: an engine's is a few tens of KiB.
+const MAX_PAGE: usize = 4 * 1024 * 1024;
+
+const RUNNING: &[&str] = &["vllm:num_requests_running", "sglang:num_running_reqs"];
+const WAITING: &[&str] = &["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
+const KV_CACHE: &[&str] = &[
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+];
+
+pub struct EngineFeedback {
+    router: Arc<Router>,
+    settings: EngineMetrics,
+    connector: Connector,
+    /// Peers whose last scrape failed, so that a failure is logged when it starts, not on
+    /// every tick.
+    failing: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl EngineFeedback {
+    pub fn new(router: Arc<Router>, settings: EngineMetrics) -> Self {
+        Self {
+            router,
+            settings,
+            connector: Connector::new(None),
+            failing: Default::default(),
+        }
+    }
+
+    async fn scrape_all(&self) {
+        let cluster = self.router.cluster();
+        // All at once: a peer that does not answer must not delay the others' figures.
+        futures_util::future::join_all(cluster.peers().iter().map(|p| self.scrape(p))).await;
+    }
+
+    async fn scrape(&self, peer: &Arc<Peer>) {
+        let read = tokio::time::timeout(self.settings.timeout, self.page(peer)).await;
+        let report = match read {
+            Ok(Ok(page)) => parse(&page),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!("no answer within {:?}", self.settings.timeout)),
+        };
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        match report {
+            Ok(report) => {
+                if failing.remove(peer.id()) {
+                    log::info!("engine metrics of {}: read again", peer.id());
+                }
+                peer.set_engine(Some(report));
+            }
+            Err(why) => {
+                if failing.insert(peer.id().to_owned()) {
+                    log::warn!(
+                        "engine metrics of {}: {why}; counting its own requests only",
+                        peer.id()
+                    );
+                }
+                metrics::ENGINE_SCRAPE_FAILURES.inc();
+                peer.set_engine(None);
+            }
+        }
+    }
+
+    async fn page(&self, peer: &Peer) -> Result<String, String> {
+        let mut target = HttpPeer::new(peer.addr(), false, String::new());
+        target.options.connection_timeout = Some(self.settings.timeout);
+        target.options.read_timeout = Some(self.settings.timeout);
+        target.options.idle_timeout = Some(self.settings.interval * 4);
+        let (mut session, _) = self
+            .connector
+            .get_http_session(&target)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut request = RequestHeader::build("GET", self.settings.path.as_bytes(), None)
+            .map_err(|e| e.to_string())?;
+        request
+            .insert_header(http::header::HOST, peer.id())
+            .map_err(|e| e.to_string())?;
+        session
+            .write_request_header(Box::new(request))
+            .await
+            .map_err(|e| e.to_string())?;
+        session
+            .finish_request_body()
+            .await
+            .map_err(|e| e.to_string())?;
+        session
+            .read_response_header()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = session.response_header().map_or(0, |h| h.status.as_u16());
+        if status != 200 {
+            return Err(format!("status {status}"));
+        }
+        let mut page = BytesMut::new();
+        while let Some(chunk) = session
+            .read_response_body()
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            page.extend_from_slice(&chunk);
+            if page.len() > MAX_PAGE {
+                return Err(format!("a page over {MAX_PAGE} bytes"));
+            }
+        }
+        self.connector
+            .release_http_session(session, &target, Some(self.settings.interval * 4))
+            .await;
+        String::from_utf8(page.to_vec()).map_err(|_| "a page that is not UTF-8".to_owned())
+    }
+}
+
+/// The sum over an engine's series (one per model it serves) of its running and waiting
+/// requests, and the fullest KV cache; an error when the page has neither count.
+pub fn parse(page: &str) -> Result<EngineReport, String> {
+    let page = openmetrics_parser::prometheus::parse_prometheus(page)
+        .map_err(|e| format!("unreadable metrics: {e:?}"))?;
+    let values = |names: &[&str]| -> Vec<f64> {
+        names
+            .iter()
+            .filter_map(|name| page.families.get(*name))
+            .flat_map(|family| family.iter_samples())
+            .filter_map(|s| match &s.value {
+                openmetrics_parser::PrometheusValue::Gauge(v)
+                | openmetrics_parser::PrometheusValue::Unknown(v) => Some(v.as_f64()),
+                _ => None,
+            })
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .collect()
+    };
+    let (running, waiting) = (values(RUNNING), values(WAITING));
+    if running.is_empty() && waiting.is_empty() {
+        return Err("neither vLLM's nor SGLang's request counts on the page".into());
+    }
+    let count = |v: Vec<f64>| v.iter().sum::<f64>().min(f64::from(u32::MAX)) as u32;
+    Ok(EngineReport {
+        running: count(running),
+        waiting: count(waiting),
+        kv_cache_usage: values(KV_CACHE).into_iter().reduce(f64::max),
+    })
+}
+
+#[async_trait]
+impl BackgroundService for EngineFeedback {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(self.settings.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => self.scrape_all().await,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vllm_and_sglang_pages_give_their_counts() {
+        let vllm = "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"a\"} 3.0\nvllm:num_requests_running{model_name=\"b\"} 2.0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"a\"} 7.0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"a\"} 0.25\n";
+        assert_eq!(
+            parse(vllm),
+            Ok(EngineReport {
+                running: 5,
+                waiting: 7,
+                kv_cache_usage: Some(0.25)
+            })
+        );
+        let sglang = "# HELP sglang:num_running_reqs The number of running requests.\n# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"m\"} 4.0\n# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name=\"m\"} 0.0\n# HELP sglang:token_usage The token usage.\n# TYPE sglang:token_usage gauge\nsglang:token_usage{model_name=\"m\"} 0.5\n";
+        assert_eq!(
+            parse(sglang),
+            Ok(EngineReport {
+                running: 4,
+                waiting: 0,
+                kv_cache_usage: Some(0.5)
+            })
+        );
+        assert!(parse("process_cpu_seconds_total 3\n").is_err());
+        assert!(parse("").is_err());
+    }
+}
