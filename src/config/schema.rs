@@ -373,8 +373,7 @@ impl Default for EngineMetricsFile {
     fn default() -> Self {
         let e = settings::EngineMetrics::default();
         Self {
-            // Off until it takes turns with the processes of an upgrade: see the README.
-            enabled: false,
+            enabled: true,
             path: e.path,
             interval_ms: ms(e.interval),
             timeout_ms: ms(e.timeout),

@@ -170,6 +170,7 @@ impl SharedLoad {
         let mut table = locked.read();
         table.remove(&std::process::id());
         let others = |id: &str| -> u32 { table.values().filter_map(|e| e.counts.get(id)).sum() };
+        self.router.load().set_siblings(!table.is_empty());
         self.router.cluster().set_external(others);
         table
     }

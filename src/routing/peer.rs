@@ -68,6 +68,10 @@ pub struct ClusterLoad {
     in_flight: AtomicU64,
     /// Σ of the peers' [`Peer::external`] load.
     external: AtomicU64,
+    /// Whether other processes of an upgrade share their counts now. Their counts are exact and
+    /// take turns with this process's; an engine's lag a scrape behind, and would let one
+    /// process's waiters take every slot the other's requests give back.
+    siblings: AtomicBool,
     waiters: WaitQueue,
 }
 
@@ -80,6 +84,11 @@ impl ClusterLoad {
     /// Requests on these peers that others carry (see [`Peer::external`]).
     pub fn external(&self) -> u64 {
         self.external.load(Ordering::Relaxed)
+    }
+
+    /// Says whether other processes share their counts (see [`Peer::set_external`]).
+    pub fn set_siblings(&self, present: bool) {
+        self.siblings.store(present, Ordering::Relaxed);
     }
 
     /// Requests waiting for a slot; every release wakes the first of them.
@@ -229,10 +238,12 @@ impl Peer {
     }
 
     fn update_external(&self) {
-        let external = self
-            .from_siblings
-            .load(Ordering::Relaxed)
-            .max(self.from_engine.load(Ordering::Relaxed));
+        let siblings = self.from_siblings.load(Ordering::Relaxed);
+        let external = if self.cluster.siblings.load(Ordering::Relaxed) {
+            siblings
+        } else {
+            siblings.max(self.from_engine.load(Ordering::Relaxed))
+        };
         let before = self.external.swap(external, Ordering::AcqRel);
         let total = &self.cluster.external;
         total.fetch_add(u64::from(external), Ordering::Relaxed);

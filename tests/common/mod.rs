@@ -422,7 +422,9 @@ pub fn spawn_proxy(config: &str, pingora: &str) -> Proxy {
 }
 
 /// [`spawn_proxy`], with `adjust` applied to the command first. Pingora's `threads` is 2 unless
-/// `pingora` sets it.
+/// `pingora` sets it; engine metrics are not read unless `config` turns them on: a mock counts a
+/// stream until its next event fails to go out, a moment after the proxy gave its slot back,
+/// and tests count slots exactly.
 pub fn spawn_proxy_adjusted(
     config: &str,
     pingora: &str,
@@ -430,8 +432,13 @@ pub fn spawn_proxy_adjusted(
 ) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     let (port, admin_port) = (free_port(), free_port());
+    let engine = if config.contains("engine_metrics:") {
+        ""
+    } else {
+        "engine_metrics: {enabled: false}\n"
+    };
     let lb = format!(
-        "listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: \"127.0.0.1:{admin_port}\"}}\n{config}"
+        "listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: \"127.0.0.1:{admin_port}\"}}\n{engine}{config}"
     );
     let lb_path = dir.path().join("prefixlb.yaml");
     std::fs::write(&lb_path, lb).unwrap();
