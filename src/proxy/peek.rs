@@ -45,10 +45,6 @@ impl PeekMemory {
         })
     }
 
-    pub fn used(&self) -> usize {
-        self.used.load(Ordering::Relaxed)
-    }
-
     fn hold(self: &Arc<Self>) -> Held {
         Held {
             memory: Arc::clone(self),
