@@ -312,17 +312,24 @@ async fn continue_exchange(proxy: &Proxy, headers: &str, body: &str) -> (String,
     );
     // A proxy that has answered may have closed already: the body is then not wanted.
     let _ = s.write_all(body.as_bytes()).await;
-    let mut rest = Vec::new();
+    (
+        String::from_utf8_lossy(&first).into_owned(),
+        read_to_close(&mut s).await,
+    )
+}
+
+/// What the proxy sends on `s` from now until it closes (or 5 s pass).
+async fn read_to_close(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         while let Ok(n @ 1..) = s.read(&mut buf).await {
-            rest.extend_from_slice(&buf[..n]);
+            got.extend_from_slice(&buf[..n]);
         }
     })
     .await;
-    (
-        String::from_utf8_lossy(&first).into_owned(),
-        String::from_utf8_lossy(&rest).into_owned(),
-    )
+    String::from_utf8_lossy(&got).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1132,18 +1139,10 @@ async fn a_model_list_is_answered_while_every_slot_is_taken() {
 /// Everything the proxy sends on one connection after `request` is written, until it closes
 /// (or 5 s pass).
 async fn raw_exchange(proxy: &Proxy, request: &[u8]) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     s.write_all(request).await.unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 8192];
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        while let Ok(n @ 1..) = s.read(&mut buf).await {
-            got.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
-    String::from_utf8_lossy(&got).into_owned()
+    read_to_close(&mut s).await
 }
 
 /// A 1.0 client cannot read chunked framing: a stream of unknown length reaches it delimited
