@@ -29,7 +29,7 @@ macro_rules! metric {
 
 metric!(PEER_REQUESTS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_peer_requests_total",
-    "Requests answered by each peer, by how the peer was chosen (primary, overflow, retry, balanced) and status class (2xx..5xx, or error when no status came)",
+    "Requests answered by each peer, by how the peer was chosen (primary, overflow, replica, retry, balanced) and status class (2xx..5xx, or error when no status came)",
     &["peer", "route", "status_class"]
 ));
 metric!(PEER_CONNECT_FAILURES: IntCounterVec = register_int_counter_vec!(
@@ -102,7 +102,7 @@ struct PeerGauges {
 
 const QUEUE_DEPTH: (&str, &str) = ("prefixlb_queue_depth", "Requests waiting for a slot now");
 
-const PEER_GAUGES: [(&str, &str); 7] = [
+const PEER_GAUGES: [(&str, &str); 9] = [
     ("prefixlb_peer_in_flight", "Requests in flight on each peer"),
     (
         "prefixlb_peer_bound",
@@ -124,6 +124,14 @@ const PEER_GAUGES: [(&str, &str); 7] = [
     (
         "prefixlb_peer_engine_waiting",
         "Requests waiting in the engine's own queue, as its metrics last said (-1: unknown)",
+    ),
+    (
+        "prefixlb_peer_prefill_queue_tokens",
+        "Prompt tokens sent to the peer that have no first byte yet (estimated)",
+    ),
+    (
+        "prefixlb_peer_estimated_wait_ms",
+        "The wait before its own prefill that least_cost expects for a request sent to the peer now",
     ),
 ];
 
@@ -149,6 +157,8 @@ impl Collector for PeerGauges {
                 i64::from(p.ejected()),
                 i64::from(p.external()),
                 p.engine().map_or(-1, |(e, _)| i64::from(e.waiting)),
+                p.prefill_queue() as i64,
+                self.router.estimated_wait(p).as_millis() as i64,
             ];
             for (vec, value) in vecs.iter().zip(values) {
                 vec.with_label_values(&[p.id()]).set(value);
@@ -208,7 +218,7 @@ pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
     Ok(())
 }
 
-const ROUTES: [&str; 4] = ["primary", "overflow", "retry", "balanced"];
+const ROUTES: [&str; 5] = ["primary", "overflow", "replica", "retry", "balanced"];
 const STATUS_CLASSES: [&str; 6] = ["2xx", "3xx", "4xx", "5xx", "other", "error"];
 
 /// Drops the series of a peer that left the cluster, so that pods coming and going under DNS

@@ -71,6 +71,12 @@ impl Router {
         Some(backoff)
     }
 
+    /// The wait before its own prefill that the cost rule expects for a request sent to
+    /// `peer` now (see [`crate::routing::cost`]).
+    pub fn estimated_wait(&self, peer: &Peer) -> Duration {
+        Duration::from_secs_f64(self.balance.cost.wait(&peer.pricing(false)))
+    }
+
     /// Recomputes the current cluster's eligible weight after a peer's eligibility changed, in
     /// turn with membership changes (on the cluster a racing rebuild stored, not the one it
     /// replaced).

@@ -36,6 +36,7 @@ fn primary_id(c: &Cluster, h: u64) -> String {
 const BOUNDED: Balance = Balance {
     policy: Policy::BoundedConsistentHash,
     balance_factor: Some(DEFAULT_BALANCE_FACTOR),
+    cost: CostModel::DEFAULT,
 };
 
 proptest! {
@@ -50,7 +51,7 @@ proptest! {
         factor in prop::option::of(1.0f64..2.0),
     ) {
         let cluster = Arc::new(Cluster::new(&uniform(n, max), RingConfig::default()));
-        let balance = Balance { policy: Policy::BoundedConsistentHash, balance_factor: factor };
+        let balance = Balance { policy: Policy::BoundedConsistentHash, balance_factor: factor, cost: CostModel::DEFAULT };
         let peak: Arc<Vec<AtomicU32>> = Arc::new((0..n).map(|_| AtomicU32::new(0)).collect());
         let threads: Vec<_> = (0..8u64)
             .map(|t| {
@@ -151,6 +152,7 @@ fn full_primary_overflows_clockwise_to_the_next_peer() {
     let balance = Balance {
         policy: Policy::BoundedConsistentHash,
         balance_factor: None,
+        cost: CostModel::DEFAULT,
     };
     let h = key(42);
     let walk: Vec<usize> = cluster.ring().walk(h).collect();
@@ -203,6 +205,7 @@ fn pure_consistent_hash_ignores_load() {
     let balance = Balance {
         policy: Policy::ConsistentHash,
         balance_factor: None,
+        cost: CostModel::DEFAULT,
     };
     let slots: Vec<_> = (0..10)
         .map(|_| {
@@ -291,6 +294,7 @@ fn round_robin_follows_weights_and_least_in_flight_levels() {
     let rr = Balance {
         policy: Policy::RoundRobin,
         balance_factor: None,
+        cost: CostModel::DEFAULT,
     };
     let mut held = Vec::new();
     for i in 0..40 {
@@ -309,6 +313,7 @@ fn round_robin_follows_weights_and_least_in_flight_levels() {
     let lif = Balance {
         policy: Policy::LeastInFlight,
         balance_factor: None,
+        cost: CostModel::DEFAULT,
     };
     let held: Vec<_> = (0..8)
         .map(|_| cluster.select(&lif, None, &[]).routed().unwrap().slot)

@@ -7,6 +7,7 @@ use http::HeaderName;
 
 use super::error::ConfigError;
 use super::schema::{self, DnsRecord, File};
+use crate::routing::cost::{CostModel, MAX_CANDIDATES};
 use crate::routing::{
     Balance, KeyConfig, KeySource, OutlierPolicy, PeerSpec, QueueLimit, RingConfig, Weight,
     MAX_WEIGHT, UNLIMITED,
@@ -145,6 +146,19 @@ fn router(r: &schema::Routing, o: &schema::Outlier) -> Result<RouterSettings, Co
         }
     }
     at_least_one("routing.vnodes_per_weight", r.vnodes_per_weight.into())?;
+    let rate = r.prefill_tokens_per_second;
+    if !(rate.is_finite() && rate >= 1.0) {
+        return Err(ConfigError::new(
+            "routing.prefill_tokens_per_second",
+            format!("must be a number ≥ 1, not {rate}"),
+        ));
+    }
+    if !(1..=MAX_CANDIDATES).contains(&r.candidates) {
+        return Err(ConfigError::new(
+            "routing.candidates",
+            format!("must be from 1 to {MAX_CANDIDATES}"),
+        ));
+    }
     let base_ejection = millis("outlier.base_ejection_ms", o.base_ejection_ms)?;
     if o.max_ejection_ms < o.base_ejection_ms {
         return Err(ConfigError::new(
@@ -157,6 +171,10 @@ fn router(r: &schema::Routing, o: &schema::Outlier) -> Result<RouterSettings, Co
         balance: Balance {
             policy: r.policy,
             balance_factor: r.balance_factor,
+            cost: CostModel {
+                prefill_tokens_per_sec: rate,
+                candidates: r.candidates,
+            },
         },
         ring: RingConfig {
             vnodes_per_weight: r.vnodes_per_weight,

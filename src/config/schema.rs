@@ -93,6 +93,10 @@ pub struct Routing {
     pub policy: Policy,
     /// `c` of the balance bound; `null` for none (only `max_in_flight` then).
     pub balance_factor: Option<f64>,
+    /// What `least_cost` prices a prompt at: the tokens a GPU prefills per second.
+    pub prefill_tokens_per_second: f64,
+    /// How many peers of a key's walk `least_cost` prices, its own first.
+    pub candidates: u32,
     pub vnodes_per_weight: u32,
     /// How much of a prompt-carrying body is read, at most, to find its key.
     pub peek_limit_bytes: usize,
@@ -107,6 +111,8 @@ impl Default for Routing {
         Self {
             policy: balance.policy,
             balance_factor: balance.balance_factor,
+            prefill_tokens_per_second: balance.cost.prefill_tokens_per_sec,
+            candidates: balance.cost.candidates,
             vnodes_per_weight: RingConfig::default().vnodes_per_weight,
             peek_limit_bytes: PeekLimits::default().peek_limit,
             peek_timeout_ms: ms(PeekLimits::default().deadline),

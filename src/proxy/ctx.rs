@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::error::ApiError;
 use crate::lifecycle::Request;
-use crate::routing::{Peer, Route, Routed, RoutingKey, Slot};
+use crate::routing::{Demand, Peer, Route, Routed, RoutingKey, Slot};
 
 pub struct RequestCtx {
     pub(super) arrived: Instant,
@@ -17,6 +17,8 @@ pub struct RequestCtx {
     /// The status the upstream answered with, if it answered.
     pub(super) upstream_status: Option<u16>,
     pub(super) key: Option<RoutingKey>,
+    /// The key's point and the prompt's size, as the choice of peer prices them.
+    pub(super) demand: Demand,
     /// Passed on to the engine, echoed to the client and logged.
     pub(super) request_id: Option<String>,
     /// The slot of the peer this attempt goes to. Dropping the context releases it.
@@ -49,6 +51,7 @@ impl RequestCtx {
             first_byte: None,
             upstream_status: None,
             key: None,
+            demand: Demand::default(),
             request_id: None,
             slot: None,
             released: None,

@@ -27,7 +27,7 @@ use crate::control::shared_load::SharedLoad;
 use crate::lifecycle::Activity;
 use crate::metrics;
 use crate::router::Router;
-use crate::routing::{is_peer_fault, Decision, Peer, Rejection};
+use crate::routing::{is_peer_fault, Decision, Demand, Peer, Rejection};
 use crate::settings::ProxySettings;
 use ctx::RequestCtx;
 use error::{status_for, ApiError};
@@ -87,13 +87,12 @@ impl PrefixLb {
     /// Chooses the peer for a request that skips the waiting line: a retry after a failed
     /// connect, or a request too light to be bounded.
     fn choose_now(&self, session: &Session, ctx: &RequestCtx) -> Decision {
-        let hash = ctx.key.and_then(|k| k.hash);
         let cluster = self.router.cluster();
         if !bounded(session) {
-            return cluster.select_unbounded(hash, &ctx.failed);
+            return cluster.select_unbounded(ctx.demand.hash, &ctx.failed);
         }
         self.shared
-            .choose(|| cluster.select(&self.router.balance, hash, &ctx.failed))
+            .choose(|| cluster.select(&self.router.balance, ctx.demand, &ctx.failed))
     }
 }
 
@@ -160,6 +159,7 @@ impl ProxyHttp for PrefixLb {
             return Ok(true);
         }
         let header = session.req_header();
+        let mut body_bytes = 0;
         let key = if router
             .keys
             .body_kind(&header.method, header.uri.path(), &header.headers)
@@ -177,6 +177,8 @@ impl ProxyHttp for PrefixLb {
                     ctx.unreplayed = peeked.unreplayed;
                     ctx.peek_held = Some(peeked.held);
                     ctx.continued = expects_continue(session);
+                    body_bytes =
+                        declared_length(&session.req_header().headers).unwrap_or(peeked.bytes);
                     peeked.key
                 }
                 Err(api) => {
@@ -190,6 +192,7 @@ impl ProxyHttp for PrefixLb {
                 .key_without_body(&session.req_header().headers, client_ip(session))
         };
         ctx.key = Some(key);
+        ctx.demand = Demand::new(key.hash, body_bytes);
         metrics::KEY_SOURCES
             .with_label_values(&[key.source.as_str()])
             .inc();
@@ -207,9 +210,10 @@ impl ProxyHttp for PrefixLb {
                 }
             };
         }
+        let demand = ctx.demand;
         let admit = router.load().waiters().admit(self.settings.queue, || {
             self.shared
-                .choose_in_turn(|| router.cluster().select(&router.balance, key.hash, &[]))
+                .choose_in_turn(|| router.cluster().select(&router.balance, demand, &[]))
         });
         tokio::pin!(admit);
         // A client that leaves while it waits leaves the line at once, rather than being
@@ -428,6 +432,9 @@ impl ProxyHttp for PrefixLb {
                 let ttfb = chosen.elapsed();
                 metrics::FIRST_BYTE.observe(ttfb.as_secs_f64());
                 ctx.first_byte = Some(ttfb);
+                if let Some(slot) = ctx.slot.as_mut() {
+                    slot.prefilled();
+                }
             }
         }
         Ok(None)

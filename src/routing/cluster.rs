@@ -12,9 +12,11 @@ use arc_swap::ArcSwap;
 
 use pingora_load_balancing::Backend;
 
+use super::cost::MAX_CANDIDATES;
 use super::peer::{canonical, ClusterLoad, Peer, PeerSpec, Slot};
-use super::policy::{Balance, BoundInputs, Decision, Policy, Route, Routed};
+use super::policy::{Balance, BoundInputs, Decision, Demand, Policy, Route, Routed};
 use super::ring::{Ring, RingConfig};
+use super::warm::WarmReplicas;
 
 #[derive(Debug)]
 pub struct Cluster {
@@ -24,6 +26,8 @@ pub struct Cluster {
     /// Removed peers whose last requests are still running; a peer added back resumes them.
     retired: Vec<Weak<Peer>>,
     load: Arc<ClusterLoad>,
+    /// Which peers besides its primary served a key lately; kept across rebuilds.
+    warm: Arc<WarmReplicas>,
     eligible_weight: AtomicU64,
     /// Peers that carry requests but take no new ones (draining, down, ejected, removed): the
     /// bound leaves their load out, as it leaves their weight out.
@@ -37,7 +41,7 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new(specs: &[PeerSpec], ring: RingConfig) -> Self {
-        Self::assemble(specs, ring, Arc::default(), HashMap::new())
+        Self::assemble(specs, ring, Arc::default(), Arc::default(), HashMap::new())
     }
 
     /// A cluster over `specs` that keeps the load, health and drain state of every peer that
@@ -50,7 +54,13 @@ impl Cluster {
             .chain(self.peers.iter().cloned())
             .map(|p| (p.id().to_owned(), p))
             .collect();
-        let next = Self::assemble(specs, ring, Arc::clone(&self.load), known.clone());
+        let next = Self::assemble(
+            specs,
+            ring,
+            Arc::clone(&self.load),
+            Arc::clone(&self.warm),
+            known.clone(),
+        );
         for spec in specs {
             known.remove(&spec.addr.to_string());
         }
@@ -70,6 +80,7 @@ impl Cluster {
         specs: &[PeerSpec],
         ring: RingConfig,
         load: Arc<ClusterLoad>,
+        warm: Arc<WarmReplicas>,
         mut known: HashMap<String, Arc<Peer>>,
     ) -> Self {
         let specs = canonical(specs.to_vec());
@@ -110,6 +121,7 @@ impl Cluster {
             peers,
             retired: Vec::new(),
             load,
+            warm,
             eligible_weight: AtomicU64::new(0),
             ineligible: ArcSwap::default(),
             any_ineligible: AtomicBool::new(false),
@@ -220,14 +232,26 @@ impl Cluster {
         self.any_ineligible.store(any, Ordering::Relaxed);
     }
 
-    /// Chooses a peer for a request whose key is `hash` (`None`: spread by load), skipping the
-    /// peers in `excluded` (those that already failed this request), and takes its slot.
-    pub fn select(&self, balance: &Balance, hash: Option<u64>, excluded: &[Arc<Peer>]) -> Decision {
+    /// Chooses a peer for a request (without a key: spread by load), skipping the peers in
+    /// `excluded` (those that already failed this request), and takes its slot.
+    pub fn select(
+        &self,
+        balance: &Balance,
+        demand: impl Into<Demand>,
+        excluded: &[Arc<Peer>],
+    ) -> Decision {
+        let demand = demand.into();
         let usable = usable(excluded);
-        match (balance.policy, hash) {
-            (Policy::ConsistentHash, Some(h)) => self.walk_select(h, usable, |p| Some(p.take())),
+        match (balance.policy, demand.hash) {
+            (Policy::ConsistentHash, Some(h)) => {
+                self.walk_select(self.ring.walk(h), 0, usable, |p| Some(p.take()))
+            }
             (Policy::BoundedConsistentHash, Some(h)) => {
-                self.walk_select(h, usable, |p| p.try_take(self.bound(balance, p)))
+                let bounded = |p: &Arc<Peer>| p.try_take(self.bound(balance, p));
+                self.walk_select(self.ring.walk(h), 0, usable, bounded)
+            }
+            (Policy::LeastCost, Some(h)) => {
+                self.least_cost(balance, h, demand.prompt_tokens, usable)
             }
             (Policy::RoundRobin, _) => self.round_robin(usable),
             (Policy::LeastInFlight, _) | (_, None) => self.least_in_flight(usable),
@@ -244,7 +268,8 @@ impl Cluster {
         let point = hash.unwrap_or_else(|| {
             (self.cursor.fetch_add(1, Ordering::Relaxed) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
         });
-        match self.walk_select(point, usable(excluded), |p| Some(p.take())) {
+        let take = |p: &Arc<Peer>| Some(p.take());
+        match self.walk_select(self.ring.walk(point), 0, usable(excluded), take) {
             Decision::Routed(routed) if hash.is_none() => Decision::Routed(Routed {
                 route: Route::Balanced,
                 ..routed
@@ -272,17 +297,21 @@ impl Cluster {
             weight: peer.weight(),
             total_in_flight: total.saturating_sub(left_out),
             eligible_weight: self.eligible_weight(),
+            capacity: peer.capacity(),
         })
     }
 
+    /// The first usable peer of `walk` that `take` gives a slot on; `seen` usable peers came
+    /// before the walk (priced, and full).
     fn walk_select(
         &self,
-        hash: u64,
+        walk: impl Iterator<Item = usize>,
+        seen: u32,
         usable: impl Fn(&Arc<Peer>) -> bool,
         take: impl Fn(&Arc<Peer>) -> Option<Slot>,
     ) -> Decision {
-        let (mut steps, mut candidates) = (0, 0);
-        for idx in self.ring.walk(hash) {
+        let (mut steps, mut candidates) = (seen, seen);
+        for idx in walk {
             steps += 1;
             let peer = &self.peers[idx];
             if !usable(peer) {
@@ -302,6 +331,68 @@ impl Cluster {
             Decision::NoPeer
         } else {
             Decision::Saturated
+        }
+    }
+
+    /// Prices the first usable peers of the key's walk and takes the cheapest one under its
+    /// bound; when all of those are at theirs, the first peer further on with room. Ties go to
+    /// the earlier peer of the walk, so processes that see the same loads choose alike.
+    fn least_cost(
+        &self,
+        balance: &Balance,
+        hash: u64,
+        prompt_tokens: u32,
+        usable: impl Fn(&Arc<Peer>) -> bool,
+    ) -> Decision {
+        let want = balance.cost.candidates.clamp(1, MAX_CANDIDATES) as usize;
+        // (cost in whole milliseconds, ring index, place among the priced, warm). Costs are
+        // compared to the millisecond: finer differences are noise of each process's learned
+        // service times, and would break ties that processes should break alike.
+        let mut priced = [(0u64, 0, 0, false); MAX_CANDIDATES as usize];
+        let (mut n, mut steps) = (0, 0);
+        let mut walk = self.ring.walk(hash);
+        while n < want {
+            let Some(idx) = walk.next() else { break };
+            steps += 1;
+            let peer = &self.peers[idx];
+            if !usable(peer) {
+                continue;
+            }
+            let warm = n == 0 || self.warm.is_warm(hash, peer.serial());
+            let cost = balance.cost.estimate(&peer.pricing(warm), prompt_tokens);
+            priced[n] = ((cost * 1000.0).round() as u64, idx, n, warm);
+            n += 1;
+        }
+        let priced = &mut priced[..n];
+        priced.sort_unstable_by_key(|&(cost, _, place, _)| (cost, place));
+        for &(_, idx, place, warm) in priced.iter() {
+            let peer = &self.peers[idx];
+            let Some(mut slot) = peer.try_take(self.bound(balance, peer)) else {
+                continue;
+            };
+            slot.expect_prefill(balance.cost.uncached(prompt_tokens, warm));
+            let route = match (place, warm) {
+                (0, _) => Route::Primary,
+                (_, true) => Route::Replica,
+                (_, false) => Route::Overflow,
+            };
+            if place > 0 {
+                self.warm.record(hash, peer.serial());
+            }
+            return Decision::Routed(Routed { slot, route, steps });
+        }
+        let take = |p: &Arc<Peer>| {
+            let mut slot = p.try_take(self.bound(balance, p))?;
+            slot.expect_prefill(balance.cost.uncached(prompt_tokens, false));
+            self.warm.record(hash, p.serial());
+            Some(slot)
+        };
+        match self.walk_select(walk, n as u32, usable, take) {
+            Decision::Routed(r) => Decision::Routed(Routed {
+                steps: steps + r.steps - n as u32,
+                ..r
+            }),
+            other => other,
         }
     }
 

@@ -51,10 +51,11 @@
 //! ```
 
 //! The modules, bottom up (each uses only those above it): `queue` (the waiting line),
-//! `outlier`, `peer` (the live peer and its slots), `policy`, `hash`, `ring`, `cluster`
-//! (membership and selection), `prompt` (the walk over a JSON body), `key`.
+//! `outlier`, `cost`, `peer` (the live peer and its slots), `policy`, `hash`, `ring`, `cluster`
+//! (membership and selection, with `warm`), `prompt` (the walk over a JSON body), `key`.
 
 pub mod cluster;
+pub mod cost;
 pub mod hash;
 pub mod key;
 pub mod outlier;
@@ -63,8 +64,10 @@ pub mod policy;
 mod prompt;
 pub mod queue;
 pub mod ring;
+pub mod warm;
 
 pub use cluster::Cluster;
+pub use cost::{CostModel, Pricing};
 pub use key::{
     BodyEnd, BodyKind, Extract, Fallback, FallbackReason, KeyConfig, KeyExtractor, KeySource,
     RequestParts, RoutingKey,
@@ -73,6 +76,9 @@ pub use outlier::{is_peer_fault, OutlierPolicy};
 pub use peer::{
     canonical, ClusterLoad, EngineReport, Peer, PeerSpec, Slot, Weight, MAX_WEIGHT, UNLIMITED,
 };
-pub use policy::{Balance, Decision, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR};
+pub use policy::{
+    Balance, Decision, Demand, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR,
+    UNKNOWN_CAPACITY_FLOOR,
+};
 pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitQueue};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};

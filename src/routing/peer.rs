@@ -8,8 +8,9 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use super::cost::Pricing;
 use super::outlier::{Outlier, OutlierPolicy};
 use super::queue::WaitQueue;
 
@@ -97,10 +98,15 @@ impl ClusterLoad {
     }
 }
 
+/// Serials start at 1: 0 marks an empty way of the warm-replica record.
+static SERIALS: AtomicU32 = AtomicU32::new(1);
+
 #[derive(Debug)]
 pub struct Peer {
     addr: SocketAddr,
     id: String,
+    /// Unique in the process and kept across rebuilds: what the warm-replica record names.
+    serial: u32,
     weight: AtomicU8,
     max_in_flight: AtomicU32,
     in_flight: AtomicU32,
@@ -111,6 +117,15 @@ pub struct Peer {
     /// What the engine says it has (running and waiting) beyond this process's own requests.
     from_engine: AtomicU32,
     engine: EngineFigures,
+    /// The most requests the engine has run at once, once it has been seen to queue (0 until
+    /// then): beyond it a request waits for a running slot.
+    capacity: AtomicU32,
+    /// Prompt tokens this process expects the peer still to prefill: its requests' uncached
+    /// estimates, from the choice to the first byte of the answer.
+    prefill_queue: AtomicU64,
+    /// Mean time a prompt-carrying request holds its slot, in microseconds (an EWMA; 0 until
+    /// one has ended).
+    service_us: AtomicU32,
     healthy: AtomicBool,
     draining: AtomicBool,
     removed: AtomicBool,
@@ -129,7 +144,11 @@ impl Peer {
             external: AtomicU32::new(0),
             from_siblings: AtomicU32::new(0),
             from_engine: AtomicU32::new(0),
+            serial: SERIALS.fetch_add(1, Ordering::Relaxed),
             engine: EngineFigures::default(),
+            capacity: AtomicU32::new(0),
+            prefill_queue: AtomicU64::new(0),
+            service_us: AtomicU32::new(0),
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             removed: AtomicBool::new(false),
@@ -144,6 +163,9 @@ impl Peer {
     /// The peer's identity: its address, as text.
     pub fn id(&self) -> &str {
         &self.id
+    }
+    pub fn serial(&self) -> u32 {
+        self.serial
     }
     pub fn weight(&self) -> u32 {
         u32::from(self.weight.load(Ordering::Relaxed))
@@ -175,6 +197,33 @@ impl Peer {
     }
     pub fn ejected(&self) -> bool {
         self.outlier.ejected()
+    }
+    /// Running slots the engine has shown it has; 0 while unknown.
+    pub fn capacity(&self) -> u32 {
+        self.capacity.load(Ordering::Relaxed)
+    }
+    /// Prompt tokens of this process's requests the peer has yet to prefill (estimated).
+    pub fn prefill_queue(&self) -> u64 {
+        self.prefill_queue.load(Ordering::Relaxed)
+    }
+    /// How long a prompt-carrying request holds a slot here, on average; `None` before one
+    /// has ended.
+    pub fn service_time(&self) -> Option<Duration> {
+        match self.service_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(u64::from(us))),
+        }
+    }
+
+    /// What the cost rule believes of the peer now; `warm`: whether it holds the key's prefix.
+    pub fn pricing(&self, warm: bool) -> Pricing {
+        Pricing {
+            load: self.load(),
+            capacity: self.capacity(),
+            prefill_queue: self.prefill_queue(),
+            service: self.service_time(),
+            warm,
+        }
     }
 
     /// The peer as it is configured now.
@@ -227,6 +276,19 @@ impl Peer {
         let excess = figures.map_or(0, |f| {
             (f.running + f.waiting).saturating_sub(self.in_flight())
         });
+        if let Some(f) = figures {
+            // Only a queue proves the engine full; until one is seen its capacity is unknown,
+            // and what it runs says nothing of what it could.
+            let known = self.capacity();
+            let capacity = if f.waiting > 0 {
+                f.running.max(1)
+            } else if known > 0 {
+                known.max(f.running)
+            } else {
+                0
+            };
+            self.capacity.store(capacity, Ordering::Relaxed);
+        }
         self.engine.set(figures);
         self.from_engine.store(excess, Ordering::Relaxed);
         self.update_external();
@@ -265,18 +327,29 @@ impl Peer {
             })
             .ok()?;
         self.cluster.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(Slot {
-            peer: Arc::clone(self),
-        })
+        Some(Slot::new(self))
     }
 
     /// Takes a slot with no ceiling (pure sticky hashing).
     pub fn take(self: &Arc<Self>) -> Slot {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.cluster.in_flight.fetch_add(1, Ordering::Relaxed);
-        Slot {
-            peer: Arc::clone(self),
-        }
+        Slot::new(self)
+    }
+
+    fn record_service(&self, held: Duration) {
+        let sample = held.as_micros().clamp(1, u128::from(u32::MAX)) as u32;
+        // An EWMA over about the last eight requests: recent enough to follow a change of
+        // workload, smooth enough that one long answer does not swing it.
+        let _ = self
+            .service_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean| {
+                Some(if mean == 0 {
+                    sample
+                } else {
+                    ((u64::from(mean) * 7 + u64::from(sample)) / 8) as u32
+                })
+            });
     }
 }
 
@@ -306,20 +379,51 @@ impl EngineFigures {
     }
 }
 
-/// One in-flight request on one peer. Dropping it releases the slot, exactly once.
+/// One in-flight request on one peer. Dropping it releases the slot, exactly once, and with
+/// it whatever prefill it still had counted.
 #[derive(Debug)]
 pub struct Slot {
     peer: Arc<Peer>,
+    /// Tokens this request adds to the peer's prefill queue until its first byte.
+    prefill: u64,
+    /// When a prompt-carrying request took the slot, for the peer's service time.
+    since: Option<Instant>,
 }
 
 impl Slot {
+    fn new(peer: &Arc<Peer>) -> Self {
+        Self {
+            peer: Arc::clone(peer),
+            prefill: 0,
+            since: None,
+        }
+    }
+
     pub fn peer(&self) -> &Arc<Peer> {
         &self.peer
+    }
+
+    /// Counts `tokens` of prompt the peer must prefill for this request, until
+    /// [`Slot::prefilled`] or the end; and times the request for the peer's service time.
+    pub fn expect_prefill(&mut self, tokens: u64) {
+        self.peer.prefill_queue.fetch_add(tokens, Ordering::Relaxed);
+        self.prefill += tokens;
+        self.since = Some(Instant::now());
+    }
+
+    /// The first byte of the answer came: the prompt is prefilled.
+    pub fn prefilled(&mut self) {
+        let tokens = std::mem::take(&mut self.prefill);
+        self.peer.prefill_queue.fetch_sub(tokens, Ordering::Relaxed);
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        self.prefilled();
+        if let Some(since) = self.since {
+            self.peer.record_service(since.elapsed());
+        }
         self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.peer.cluster.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.peer.cluster.waiters.wake_front();

@@ -3,13 +3,22 @@
 //! `bounded_consistent_hash` walks clockwise from the key's point over distinct peers and takes
 //! the first that is eligible and under its bound, the smaller of the peer's `max_in_flight`
 //! and, when a balance factor `c` is set, `ceil(c · (in_flight + 1) · w_p / Σw)` over the
-//! eligible peers (consistent hashing with bounded loads, weighted). Other policies share the
-//! same slots so that they can be compared on equal terms.
+//! eligible peers (consistent hashing with bounded loads, weighted). `least_cost`, the
+//! default, prices the first few peers of that walk by the seed's cost rule (see
+//! [`super::cost`]) and takes the cheapest under the same bound, floored at what the engine
+//! runs at once. Other policies share the same slots so that they can be compared on equal
+//! terms.
 
+use super::cost::CostModel;
 use super::peer::{Slot, UNLIMITED};
 use super::queue::{Attempt, Outcome};
 
 pub const DEFAULT_BALANCE_FACTOR: f64 = 1.25;
+
+/// What `least_cost` never bounds a peer below while its engine's running slots are unknown:
+/// fewer than any real engine runs at once (vLLM and SGLang run hundreds), so the floor keeps
+/// a key's first concurrent requests together without ever queueing them at the engine.
+pub const UNKNOWN_CAPACITY_FLOOR: u32 = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -22,6 +31,8 @@ pub enum Policy {
     ConsistentHash,
     /// Sticky hashing that overflows clockwise past peers at their bound.
     BoundedConsistentHash,
+    /// The cheapest of the key's first peers by expected latency, under the bound.
+    LeastCost,
 }
 
 impl Policy {
@@ -31,6 +42,7 @@ impl Policy {
             Policy::LeastInFlight => "least_in_flight",
             Policy::ConsistentHash => "consistent_hash",
             Policy::BoundedConsistentHash => "bounded_consistent_hash",
+            Policy::LeastCost => "least_cost",
         }
     }
 }
@@ -40,13 +52,47 @@ pub struct Balance {
     pub policy: Policy,
     /// The `c` of the `(1+ε)` bound; `None` leaves only `max_in_flight`.
     pub balance_factor: Option<f64>,
+    /// How `least_cost` prices a peer.
+    pub cost: CostModel,
 }
 
 impl Default for Balance {
     fn default() -> Self {
         Self {
-            policy: Policy::BoundedConsistentHash,
+            policy: Policy::LeastCost,
             balance_factor: Some(DEFAULT_BALANCE_FACTOR),
+            cost: CostModel::default(),
+        }
+    }
+}
+
+/// What a request asks of the cluster: its key's point on the ring, if it has a key, and the
+/// size of its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Demand {
+    pub hash: Option<u64>,
+    pub prompt_tokens: u32,
+}
+
+/// Characters of text per token: OpenAI's rule of thumb for English, near enough for pricing.
+pub const CHARS_PER_TOKEN: usize = 4;
+
+impl Demand {
+    /// A request with key `hash` whose body is `body_bytes` long.
+    pub fn new(hash: Option<u64>, body_bytes: usize) -> Self {
+        Self {
+            hash,
+            prompt_tokens: (body_bytes / CHARS_PER_TOKEN).min(u32::MAX as usize) as u32,
+        }
+    }
+}
+
+impl From<Option<u64>> for Demand {
+    /// A request with no prompt to price.
+    fn from(hash: Option<u64>) -> Self {
+        Self {
+            hash,
+            prompt_tokens: 0,
         }
     }
 }
@@ -60,26 +106,32 @@ pub struct BoundInputs {
     pub total_in_flight: u64,
     /// Σ weight over the peers the walk may choose.
     pub eligible_weight: u64,
+    /// Running slots the peer is known to have (0: unknown); `least_cost` never bounds a peer
+    /// below them (or [`UNKNOWN_CAPACITY_FLOOR`]), since a free running slot costs no wait.
+    pub capacity: u32,
 }
 
 impl Balance {
     /// The in-flight ceiling of a peer: none for pure sticky hashing, `max_in_flight` for
     /// round robin and least in flight, and the smaller of that and the balance bound for
-    /// bounded consistent hashing.
+    /// bounded consistent hashing and least cost (which floors the balance bound at the peer's
+    /// running slots).
     pub fn bound(&self, at: BoundInputs) -> u32 {
-        match self.policy {
+        let floor = match self.policy {
             Policy::ConsistentHash => return UNLIMITED,
             Policy::RoundRobin | Policy::LeastInFlight => return at.max_in_flight,
-            Policy::BoundedConsistentHash => {}
-        }
+            Policy::BoundedConsistentHash => 0,
+            Policy::LeastCost if at.capacity == 0 => UNKNOWN_CAPACITY_FLOOR,
+            Policy::LeastCost => at.capacity,
+        };
         let Some(c) = self.balance_factor else {
             return at.max_in_flight;
         };
         let total_weight = at.eligible_weight.max(1) as f64;
         let share = c * (at.total_in_flight as f64 + 1.0) * f64::from(at.weight) / total_weight;
         // c ≥ 1 and in_flight + 1 ≥ 1 keep the share positive, so every bound is at least 1.
-        at.max_in_flight
-            .min(share.ceil().min(f64::from(UNLIMITED)) as u32)
+        let share = share.ceil().min(f64::from(UNLIMITED)) as u32;
+        at.max_in_flight.min(share.max(floor))
     }
 }
 
@@ -88,8 +140,11 @@ impl Balance {
 pub enum Route {
     /// The key's own peer: the first eligible one on its walk.
     Primary,
-    /// A later peer on the walk, because the ones before it were at their bound.
+    /// A later peer on the walk, because the ones before it were at their bound (or, under
+    /// `least_cost`, dearer).
     Overflow,
+    /// A later peer on the walk that recently served the key: a warm replica of its prefix.
+    Replica,
     /// Chosen by load alone (round robin, least in flight, or a request with no key).
     Balanced,
 }
@@ -99,6 +154,7 @@ impl Route {
         match self {
             Route::Primary => "primary",
             Route::Overflow => "overflow",
+            Route::Replica => "replica",
             Route::Balanced => "balanced",
         }
     }

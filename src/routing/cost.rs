@@ -1,0 +1,184 @@
+//! The seed's cost rule: the latency a request should expect on a peer is
+//! `T_wait + (1 − α)·T_prefill + T_decode`, and the cheapest of the key's first peers wins.
+//!
+//! - `T_wait`: the prefill this process already sent the peer and has no first byte for yet,
+//!   plus, when the engine has shown how many requests it runs at once, the requests beyond
+//!   that, each waiting its share of a mean service time (Little's law over the running slots).
+//! - `T_prefill`: the prompt's tokens at the configured prefill rate, and `α` whether the peer
+//!   holds the key's prefix: the primary does by construction, a warm replica by record.
+//! - `T_decode`: what the running streams add to this one's steps (a batch shares each step).
+//!
+//! Everything is in seconds and read from atomics: an estimate, fresh to the last request,
+//! with the engine's own figures a scrape old folded into `load` and `capacity`.
+
+use std::time::Duration;
+
+/// The share of a prompt a peer holding its key's prefix is expected to find cached: all of it
+/// but the newest turn, for a conversation that resends its history.
+pub const WARM_HIT: f64 = 0.9;
+
+/// How much each other running stream slows a decode step (vLLM on one GPU: about 2%).
+const DECODE_SHARE: f64 = 0.02;
+
+/// The service time assumed before a peer has finished a request.
+const DEFAULT_SERVICE: Duration = Duration::from_secs(1);
+
+/// Prompt tokens a GPU prefills per second by default: an 8B model on one H100-class GPU.
+pub const DEFAULT_PREFILL_TOKENS_PER_SEC: f64 = 10_000.0;
+
+/// Distinct peers of a key's walk priced by default: its primary and the next two.
+pub const DEFAULT_CANDIDATES: u32 = 3;
+
+/// The most peers a decision prices.
+pub const MAX_CANDIDATES: u32 = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    pub prefill_tokens_per_sec: f64,
+    /// Distinct eligible peers of the key's walk priced, the primary first (1 to
+    /// [`MAX_CANDIDATES`]).
+    pub candidates: u32,
+}
+
+impl CostModel {
+    pub const DEFAULT: CostModel = CostModel {
+        prefill_tokens_per_sec: DEFAULT_PREFILL_TOKENS_PER_SEC,
+        candidates: DEFAULT_CANDIDATES,
+    };
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// What is believed of one peer when it is priced.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pricing {
+    /// Requests on it, this process's and others' (the engine's excess, sibling processes).
+    pub load: u32,
+    /// Requests it runs at once; 0 while unknown (then nothing is priced as waiting).
+    pub capacity: u32,
+    /// Tokens this process sent it to prefill that have no first byte yet.
+    pub prefill_queue: u64,
+    /// How long a request holds a slot there, on average.
+    pub service: Option<Duration>,
+    /// Whether it holds the key's prefix.
+    pub warm: bool,
+}
+
+impl CostModel {
+    /// The expected time to first token, plus what decode will add, of a request with
+    /// `prompt_tokens` on a peer in state `p`, in seconds.
+    pub fn estimate(&self, p: &Pricing, prompt_tokens: u32) -> f64 {
+        let alpha = if p.warm { WARM_HIT } else { 0.0 };
+        let t_prefill = (1.0 - alpha) * f64::from(prompt_tokens) / self.rate();
+        let running = if p.capacity == 0 {
+            p.load
+        } else {
+            p.load.min(p.capacity)
+        };
+        let t_decode = DECODE_SHARE * f64::from(running) * service(p);
+        self.wait(p) + t_prefill + t_decode
+    }
+
+    /// `T_wait`: how long a request sent to the peer now waits before its own prefill starts,
+    /// in seconds.
+    pub fn wait(&self, p: &Pricing) -> f64 {
+        // This request is the `load + 1`th: it waits for a slot when that passes the slots.
+        let queued = match p.capacity {
+            0 => 0,
+            slots => (p.load + 1).saturating_sub(slots),
+        };
+        p.prefill_queue as f64 / self.rate()
+            + f64::from(queued) * service(p) / f64::from(p.capacity.max(1))
+    }
+
+    fn rate(&self) -> f64 {
+        self.prefill_tokens_per_sec.max(1.0)
+    }
+
+    /// The tokens a request is expected to make the peer prefill.
+    pub fn uncached(&self, prompt_tokens: u32, warm: bool) -> u64 {
+        let share = if warm { 1.0 - WARM_HIT } else { 1.0 };
+        (f64::from(prompt_tokens) * share).ceil() as u64
+    }
+}
+
+fn service(p: &Pricing) -> f64 {
+    p.service.unwrap_or(DEFAULT_SERVICE).as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IDLE: Pricing = Pricing {
+        load: 0,
+        capacity: 0,
+        prefill_queue: 0,
+        service: Some(Duration::from_secs(2)),
+        warm: false,
+    };
+
+    fn model() -> CostModel {
+        CostModel {
+            prefill_tokens_per_sec: 10_000.0,
+            candidates: 3,
+        }
+    }
+
+    #[test]
+    fn an_idle_cold_peer_costs_its_prefill() {
+        let cost = model().estimate(&IDLE, 5_000);
+        assert!((cost - 0.5).abs() < 1e-9, "{cost}");
+    }
+
+    #[test]
+    fn a_warm_peer_prefills_only_the_new_turn() {
+        let warm = Pricing { warm: true, ..IDLE };
+        let cost = model().estimate(&warm, 5_000);
+        assert!((cost - 0.05).abs() < 1e-9, "{cost}");
+        assert_eq!(model().uncached(5_000, true), 500);
+        assert_eq!(model().uncached(5_000, false), 5_000);
+    }
+
+    #[test]
+    fn queued_prefill_is_waited_for() {
+        let busy = Pricing {
+            warm: true,
+            prefill_queue: 20_000,
+            ..IDLE
+        };
+        // 2 s of prefill ahead outweighs a cold 0.5 s prefill on an idle peer.
+        assert!(model().estimate(&busy, 5_000) > model().estimate(&IDLE, 5_000));
+        let light = Pricing {
+            prefill_queue: 2_000,
+            ..busy
+        };
+        assert!(model().estimate(&light, 5_000) < model().estimate(&IDLE, 5_000));
+    }
+
+    #[test]
+    fn beyond_capacity_a_request_waits_a_share_of_the_service_time() {
+        let full = Pricing {
+            load: 8,
+            capacity: 8,
+            warm: true,
+            ..IDLE
+        };
+        // One ahead of its slot: it waits 2 s / 8 slots, plus 8 streams' decode share.
+        let expected = 0.25 + 0.05 + 0.02 * 8.0 * 2.0;
+        assert!((model().estimate(&full, 5_000) - expected).abs() < 1e-9);
+        let with_room = Pricing { load: 6, ..full };
+        assert!(model().estimate(&with_room, 5_000) < model().estimate(&full, 5_000));
+    }
+
+    #[test]
+    fn unknown_capacity_prices_no_wait() {
+        let loaded = Pricing { load: 30, ..IDLE };
+        let cost = model().estimate(&loaded, 0);
+        assert!((cost - 0.02 * 30.0 * 2.0).abs() < 1e-9, "{cost}");
+    }
+}

@@ -1,0 +1,263 @@
+//! `least_cost` on its own: where the cost rule sends a request, the ceilings it never
+//! crosses, that equal states choose alike, and that every slot gives back what it counted.
+
+use std::sync::Arc;
+
+use prefixlb::routing::hash::murmur64;
+use prefixlb::routing::*;
+use proptest::prelude::*;
+
+const COST: Balance = Balance {
+    policy: Policy::LeastCost,
+    balance_factor: Some(DEFAULT_BALANCE_FACTOR),
+    cost: CostModel::DEFAULT,
+};
+
+fn specs(n: usize, max_in_flight: u32) -> Vec<PeerSpec> {
+    (0..n)
+        .map(|i| PeerSpec {
+            addr: format!("10.2.0.{}:8000", i + 1).parse().unwrap(),
+            weight: Weight::ONE,
+            max_in_flight,
+        })
+        .collect()
+}
+
+fn key(i: u64) -> u64 {
+    murmur64(&i.to_le_bytes())
+}
+
+/// The peers of `h`'s walk, in order.
+fn walk(c: &Cluster, h: u64) -> Vec<Arc<Peer>> {
+    c.ring()
+        .walk(h)
+        .map(|i| Arc::clone(&c.peers()[i]))
+        .collect()
+}
+
+fn ask(h: u64, tokens: u32) -> Demand {
+    Demand {
+        hash: Some(h),
+        prompt_tokens: tokens,
+    }
+}
+
+/// Marks `peer` as an engine that runs `slots` requests at once (it was seen to queue).
+fn known_slots(peer: &Peer, slots: u32) {
+    peer.set_engine(Some(EngineReport {
+        running: slots,
+        waiting: 1,
+        kv_cache_usage: None,
+    }));
+    // The queue is gone; what it taught of the slots stays.
+    peer.set_engine(Some(EngineReport {
+        running: 0,
+        waiting: 0,
+        kv_cache_usage: None,
+    }));
+}
+
+#[test]
+fn concurrent_requests_of_one_key_stay_together_while_its_peer_has_slots() {
+    let cluster = Cluster::new(&specs(4, UNLIMITED), RingConfig::default());
+    let h = key(1);
+    let primary = &walk(&cluster, h)[0];
+    // Bounded hashing would split the second request already: ceil(1.25 · 2 / 4) = 1.
+    // 2 000 tokens: 0.2 s of prefill on a cold peer, more than the new turns queued here.
+    let held: Vec<Routed> = (0..UNKNOWN_CAPACITY_FLOOR)
+        .map(|_| cluster.select(&COST, ask(h, 2_000), &[]).routed().unwrap())
+        .collect();
+    assert!(held.iter().all(|r| Arc::ptr_eq(r.slot.peer(), primary)));
+    assert!(held.iter().all(|r| r.route == Route::Primary));
+    // Once the engine has shown it runs 8, the floor is 8: the cost rule alone decides, and
+    // a fifth request still costs less here (0.18 s with the others' new turns and decode)
+    // than a cold prefill.
+    known_slots(primary, 8);
+    let fifth = cluster.select(&COST, ask(h, 2_000), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(fifth.slot.peer(), primary));
+}
+
+#[test]
+fn a_long_prefill_queue_sends_the_key_to_a_cold_peer_and_it_turns_warm() {
+    let cluster = Cluster::new(&specs(4, UNLIMITED), RingConfig::default());
+    let h = key(2);
+    let peers = walk(&cluster, h);
+    // 3 s of prefill ahead on the primary (three 10 000-token prompts of other keys).
+    let mut ahead = Vec::new();
+    for _ in 0..3 {
+        let mut slot = peers[0].take();
+        slot.expect_prefill(10_000);
+        ahead.push(slot);
+    }
+    let spilled = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(spilled.slot.peer(), &peers[1]));
+    assert_eq!(spilled.route, Route::Overflow);
+    drop(spilled);
+    // The next peer of the walk is busier now than the third; the one that served the key
+    // is warm, and wins over the idle cold one.
+    let mut other = peers[1].take();
+    other.expect_prefill(1_000);
+    let again = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(again.slot.peer(), &peers[1]), "went cold");
+    assert_eq!(again.route, Route::Replica);
+    drop((again, other));
+    // The primary's queue clears: the key is home again.
+    drop(ahead);
+    let home = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    assert_eq!(home.route, Route::Primary);
+}
+
+#[test]
+fn a_full_engine_is_priced_by_its_queue() {
+    let cluster = Cluster::new(&specs(3, UNLIMITED), RingConfig::default());
+    let h = key(3);
+    let peers = walk(&cluster, h);
+    known_slots(&peers[0], 2);
+    let held: Vec<Slot> = (0..2).map(|_| peers[0].take()).collect();
+    // Both slots are taken: a third would wait half a service time (1 s assumed) behind them,
+    // dearer than a cold 1 000-token prefill elsewhere (0.1 s).
+    let r = cluster.select(&COST, ask(h, 1_000), &[]).routed().unwrap();
+    assert!(!Arc::ptr_eq(r.slot.peer(), &peers[0]));
+    drop((r, held));
+    let r = cluster.select(&COST, ask(h, 1_000), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(r.slot.peer(), &peers[0]));
+}
+
+#[test]
+fn a_request_without_a_key_or_prompt_is_still_routed() {
+    let cluster = Cluster::new(&specs(3, 1), RingConfig::default());
+    let a = cluster.select(&COST, None, &[]).routed().unwrap();
+    let b = cluster.select(&COST, Some(key(4)), &[]).routed().unwrap();
+    assert!(!Arc::ptr_eq(a.slot.peer(), b.slot.peer()));
+    let c = cluster.select(&COST, Some(key(4)), &[]).routed().unwrap();
+    assert!(matches!(
+        cluster.select(&COST, Some(key(4)), &[]),
+        Decision::Saturated
+    ));
+    drop((a, b, c));
+    assert_eq!(cluster.in_flight(), 0);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Select {
+        key: u64,
+        tokens: u32,
+    },
+    FirstByte(usize),
+    Release(usize),
+    /// The engine of a peer reports: running, waiting.
+    Engine(usize, u32, u32),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u64..12, 0u32..20_000).prop_map(|(key, tokens)| Op::Select { key, tokens }),
+        1 => any::<usize>().prop_map(Op::FirstByte),
+        2 => any::<usize>().prop_map(Op::Release),
+        1 => (any::<usize>(), 0u32..12, 0u32..4).prop_map(|(p, r, w)| Op::Engine(p, r, w)),
+    ]
+}
+
+/// Runs `ops` on `cluster`, checking every choice against the ceilings; returns the chosen
+/// peers' addresses in order (`None` when none was).
+fn run(cluster: &Cluster, ops: &[Op], engine: bool) -> Result<Vec<Option<String>>, TestCaseError> {
+    let n = cluster.peers().len();
+    let mut held: Vec<Slot> = Vec::new();
+    let mut chosen = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Select { key: k, tokens } => {
+                let before: Vec<u32> = cluster.peers().iter().map(|p| p.load()).collect();
+                let total = cluster.in_flight() + cluster.load().external();
+                let decision = cluster.select(&COST, ask(key(k), tokens), &[]);
+                let Decision::Routed(r) = decision else {
+                    // Saturated: every eligible peer is at a ceiling.
+                    for p in cluster.peers() {
+                        prop_assert!(p.try_take(cluster.bound(&COST, p)).is_none());
+                    }
+                    chosen.push(None);
+                    continue;
+                };
+                let p = r.slot.peer();
+                let i = cluster
+                    .peers()
+                    .iter()
+                    .position(|q| Arc::ptr_eq(q, p))
+                    .unwrap();
+                // The balance guarantee: past its floor, no peer goes above c · mean.
+                let floor = if p.capacity() > 0 {
+                    p.capacity()
+                } else {
+                    UNKNOWN_CAPACITY_FLOOR
+                };
+                let share =
+                    (DEFAULT_BALANCE_FACTOR * (total as f64 + 1.0) / n as f64).ceil() as u32;
+                prop_assert!(
+                    before[i] < floor.max(share),
+                    "peer {} took a {}th request (floor {}, share {})",
+                    i,
+                    before[i] + 1,
+                    floor,
+                    share
+                );
+                prop_assert!(before[i] < p.max_in_flight());
+                chosen.push(Some(p.id().to_owned()));
+                held.push(r.slot);
+            }
+            Op::FirstByte(i) if !held.is_empty() => {
+                let len = held.len();
+                held[i % len].prefilled();
+            }
+            Op::Release(i) if !held.is_empty() => {
+                let len = held.len();
+                held.swap_remove(i % len);
+            }
+            Op::Engine(p, running, waiting) if engine => {
+                cluster.peers()[p % n].set_engine(Some(EngineReport {
+                    running,
+                    waiting,
+                    kv_cache_usage: None,
+                }));
+            }
+            _ => {}
+        }
+    }
+    drop(held);
+    // Every slot gave back its count and the prefill it expected.
+    for p in cluster.peers() {
+        prop_assert_eq!(p.in_flight(), 0);
+        prop_assert_eq!(p.prefill_queue(), 0);
+    }
+    prop_assert_eq!(cluster.in_flight(), 0);
+    Ok(chosen)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Whatever the loads, prompts and engine reports: no peer above `max_in_flight` or past
+    /// the balance bound beyond its floor, a saturated answer only when no ceiling has room,
+    /// and every count back to zero at the end.
+    #[test]
+    fn ceilings_hold_and_slots_give_everything_back(
+        n in 2usize..7,
+        max in prop::option::of(2u32..10),
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        let cluster = Cluster::new(&specs(n, max.unwrap_or(UNLIMITED)), RingConfig::default());
+        run(&cluster, &ops, true)?;
+    }
+
+    /// Two processes in front of the same peers that see the same requests and the same
+    /// releases choose the same peer every time: spills, warm replicas and all.
+    #[test]
+    fn equal_states_choose_alike(
+        n in 2usize..7,
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        let a = Cluster::new(&specs(n, 6), RingConfig::default());
+        let b = Cluster::new(&specs(n, 6), RingConfig::default());
+        prop_assert_eq!(run(&a, &ops, false)?, run(&b, &ops, false)?);
+    }
+}
