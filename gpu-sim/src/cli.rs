@@ -32,6 +32,9 @@ pub struct Args {
     /// Extra decode time per token for each other running request, as a fraction.
     #[arg(long, default_value_t = SimConfig::default().batch_slowdown)]
     pub batch_slowdown: f64,
+    /// Prompt tokens each decode step also prefills while a prefill runs (0: none).
+    #[arg(long, default_value_t = SimConfig::default().prefill_chunk_tokens)]
+    pub prefill_chunk_tokens: usize,
     /// Requests running at once; more wait.
     #[arg(long, default_value_t = SimConfig::default().max_running)]
     pub max_running: usize,
@@ -50,6 +53,7 @@ impl Args {
             prefill_tokens_per_sec: self.prefill_tokens_per_sec,
             decode_ms_per_token: self.decode_ms_per_token,
             batch_slowdown: self.batch_slowdown,
+            prefill_chunk_tokens: self.prefill_chunk_tokens,
             max_running: self.max_running,
             default_max_tokens: self.max_tokens,
             speed: self.speed,

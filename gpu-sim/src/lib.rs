@@ -12,6 +12,10 @@
 //! - 128 KiB of KV per token (32 layers × 8 KV heads × 128 × 2 × 2 bytes), so ~40 GB of
 //!   cache holds ~300 000 tokens; the default keeps 65 536 (a smaller, shared GPU, so
 //!   that eviction shows in minutes of simulated traffic);
+//! - a prefill shares the GPU's steps with the running decodes, as chunked prefill does: while
+//!   one runs, every decode step also computes a chunk of 512 prompt tokens (vLLM's
+//!   `max_num_batched_tokens` with chunked prefill), ~51 ms at that rate, so a GPU taking a
+//!   burst of cold prompts streams slowly to everyone on it;
 //! - a token is 4 characters of text (OpenAI's rule of thumb for English), blocks are 16
 //!   tokens (vLLM's default), at most 64 requests run at once (`max_num_seqs` of a busy
 //!   server).
@@ -23,7 +27,7 @@ pub mod cache;
 pub mod cli;
 pub mod server;
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -40,6 +44,9 @@ pub struct SimConfig {
     pub decode_ms_per_token: f64,
     /// Extra decode time per token for each other running request, as a fraction.
     pub batch_slowdown: f64,
+    /// Prompt tokens a decode step also prefills while a prefill runs (0: prefill and decode
+    /// do not share steps).
+    pub prefill_chunk_tokens: usize,
     pub max_running: usize,
     pub default_max_tokens: usize,
     pub speed: f64,
@@ -54,6 +61,7 @@ impl Default for SimConfig {
             prefill_tokens_per_sec: 10_000.0,
             decode_ms_per_token: 12.0,
             batch_slowdown: 0.02,
+            prefill_chunk_tokens: 512,
             max_running: 64,
             default_max_tokens: 64,
             speed: 1.0,
@@ -92,6 +100,8 @@ pub struct Gpu {
     cache: Mutex<PrefixCache>,
     /// One prefill at a time: prefill is compute-bound and takes the whole GPU.
     prefill_lane: tokio::sync::Mutex<()>,
+    /// Whether a prefill is running: decode steps are longer then.
+    prefilling: AtomicBool,
     slots: Semaphore,
     pub stats: SimStats,
 }
@@ -109,6 +119,7 @@ impl Gpu {
         Self {
             cache: Mutex::new(PrefixCache::new(blocks)),
             prefill_lane: tokio::sync::Mutex::new(()),
+            prefilling: AtomicBool::new(false),
             slots: Semaphore::new(config.max_running.max(1)),
             stats: SimStats::default(),
             config,
@@ -161,6 +172,8 @@ impl Gpu {
                 .fetch_add(cached_tokens as u64, Ordering::Relaxed);
             let uncached = prompt_tokens - cached_tokens;
             if uncached > 0 {
+                self.prefilling.store(true, Ordering::Relaxed);
+                let _done = Flag(&self.prefilling);
                 tokio::time::sleep(c.scaled(uncached as f64 / c.prefill_tokens_per_sec)).await;
             }
             self.cache
@@ -178,11 +191,23 @@ impl Gpu {
             }
             if i + 1 < max_tokens {
                 let others = (self.stats.running.load(Ordering::Relaxed) - 1).max(0) as f64;
-                let ms = c.decode_ms_per_token * (1.0 + c.batch_slowdown * others);
+                let mut ms = c.decode_ms_per_token * (1.0 + c.batch_slowdown * others);
+                if self.prefilling.load(Ordering::Relaxed) {
+                    ms += c.prefill_chunk_tokens as f64 / c.prefill_tokens_per_sec * 1000.0;
+                }
                 tokio::time::sleep(c.scaled(ms / 1000.0)).await;
             }
         }
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Clears a flag when dropped, however the future holding it ends.
+struct Flag<'a>(&'a AtomicBool);
+
+impl Drop for Flag<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
     }
 }
 

@@ -13,6 +13,7 @@ fn config() -> SimConfig {
         prefill_tokens_per_sec: 1000.0,
         decode_ms_per_token: 10.0,
         batch_slowdown: 0.0,
+        prefill_chunk_tokens: 0,
         max_running: 4,
         ..SimConfig::default()
     }
@@ -134,6 +135,29 @@ async fn decode_slows_with_batch_size() {
         "one other request: 1.5 × per step"
     );
     other.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prefill_slows_the_decode_of_the_others() {
+    let gpu = Arc::new(Gpu::new(SimConfig {
+        prefill_chunk_tokens: 20,
+        ..config()
+    }));
+    let (_, alone) = request(&gpu, "", 10).await;
+    let streaming = {
+        let gpu = Arc::clone(&gpu);
+        tokio::spawn(async move { request(&gpu, "", 10).await })
+    };
+    tokio::task::yield_now().await;
+    // 200 tokens: 200 ms of prefill, during which each 10 ms step also prefills 20 tokens.
+    let (ttft, _) = request(&gpu, &prompt("cold", 800), 1).await;
+    assert_eq!(ttft, Duration::from_millis(200));
+    let (_, shared) = streaming.await.unwrap();
+    assert_eq!(alone, Duration::from_millis(90));
+    assert!(
+        shared >= Duration::from_millis(90 + 6 * 20),
+        "steps under the prefill take 30 ms: {shared:?}"
+    );
 }
 
 /// The GPU's HTTP face on a free loopback port.
