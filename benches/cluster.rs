@@ -1,23 +1,36 @@
-//! The cluster benchmark: the same seeded multi-turn workload through prefixlb under each
-//! routing policy, in front of the same simulated GPUs, side by side in one run.
+//! The cluster benchmark: prefixlb and the routers people would pick instead, in front of the
+//! same simulated GPUs, on the same seeded workloads, side by side in one run.
 //!
-//! `cargo bench --bench cluster` prints the table and writes `results.json` and
-//! `results.svg` to `target/bench-results/` (or `$BENCH_OUT`).
+//! `cargo bench --bench cluster` prints a table per workload and writes `results.json` and
+//! `results.svg` to `target/bench-results/` (or `$BENCH_OUT`). Arguments filter: a workload
+//! name (`hot`, `chats`, `long`) or a router name keeps only those.
 //!
-//! The workload: sessions of one of six departments, each department with its own long system
-//! prompt; one department has half of all sessions (hundreds of doctors on one prompt). Its
-//! sessions use `/v1/completions` with the whole conversation as one text prompt, so their key
-//! (the first 2048 characters) is the shared template: one hot key. The others chat, each
-//! conversation its own key. Sessions resend their whole history every turn, think between
-//! turns, and a third of them arrive in a burst at the start.
+//! The routers: prefixlb (its default policy, with the key from the body and from a session
+//! header; four processes in front of the same GPUs; `bounded_consistent_hash`), vllm-router
+//! `sticky_least_loaded` and `consistent_hash` with the session header, sglang-router
+//! `cache_aware` (both from PyPI, into a venv the bench makes), HAProxy `roundrobin` and
+//! `leastconn` (the Debian package). A router that cannot be installed is skipped with a line
+//! saying why.
+//!
+//! The workloads, all streamed, sessions resending their whole history every turn and thinking
+//! between turns:
+//! - `hot`: six departments, each with its long system prompt; one has half of all sessions
+//!   (hundreds of doctors on one prompt) and sends the whole conversation as one completions
+//!   prompt, whose key (its first 2048 characters) is the shared template: one hot key. A third
+//!   of the sessions arrive in a burst at the start.
+//! - `chats`: many independent chats, each with its own system prompt, arriving at random.
+//! - `long`: bursts of sessions asking about one of four long documents (20 to 62 KB, the
+//!   largest near the 64 KiB peek limit).
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::peers::{start_haproxy, start_sglang_router, start_vllm_router};
 use common::*;
 use futures_util::StreamExt;
 use plotters::prelude::*;
@@ -25,16 +38,36 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-const POLICIES: [&str; 4] = [
-    "round_robin",
-    "least_in_flight",
-    "consistent_hash",
-    "bounded_consistent_hash",
-];
 const GPUS: usize = 4;
-const SESSIONS: usize = 120;
+/// Requests each simulated GPU runs at once; more wait in its queue.
+const MAX_RUNNING: usize = 8;
+const CACHE_TOKENS: usize = 65_536;
 const SPEED: f64 = 2.0;
+/// The simulator's prefill rate at `SPEED`: what an operator would configure.
+const PREFILL_TOKENS_PER_SEC: f64 = 10_000.0 * SPEED;
+const MAX_IN_FLIGHT: u32 = 32;
+const REPLICAS: usize = 4;
 const SEED: u64 = 20261201;
+const SESSION_HEADER: &str = "x-session-id";
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Shape {
+    Hot,
+    Chats,
+    Long,
+}
+
+const SHAPES: [Shape; 3] = [Shape::Hot, Shape::Chats, Shape::Long];
+
+impl Shape {
+    fn name(self) -> &'static str {
+        match self {
+            Shape::Hot => "hot",
+            Shape::Chats => "chats",
+            Shape::Long => "long",
+        }
+    }
+}
 
 struct Turn {
     user: String,
@@ -43,8 +76,10 @@ struct Turn {
 }
 
 struct Session {
-    dept: usize,
     start: Duration,
+    /// Chat messages, or one growing completions prompt.
+    chat: bool,
+    system: Arc<str>,
     turns: Vec<Turn>,
 }
 
@@ -65,40 +100,88 @@ fn words(rng: &mut StdRng, range: std::ops::Range<usize>) -> String {
     s
 }
 
-fn workload() -> (Vec<String>, Vec<Session>) {
-    let mut rng = StdRng::seed_from_u64(SEED);
-    let prompts = (0..6)
-        .map(|d| {
-            format!(
-                "You are the assistant of department {d}. Protocol: {}",
-                words(&mut rng, 2500..5000)
-            )
+/// Exponential, with this mean.
+fn think(rng: &mut StdRng, mean_secs: f64) -> Duration {
+    Duration::from_secs_f64(-(1.0 - rng.random::<f64>()).ln() * mean_secs)
+}
+
+fn turns(
+    rng: &mut StdRng,
+    count: std::ops::Range<usize>,
+    chars: std::ops::Range<usize>,
+) -> Vec<Turn> {
+    (0..rng.random_range(count))
+        .map(|_| Turn {
+            user: words(rng, chars.clone()),
+            think: think(rng, 1.2),
+            max_tokens: rng.random_range(24..72),
         })
-        .collect();
-    let sessions = (0..SESSIONS)
-        .map(|i| {
-            let dept = if rng.random_bool(0.5) {
-                0
-            } else {
-                rng.random_range(1..6)
-            };
-            let start = if i % 3 == 0 {
-                Duration::from_millis(rng.random_range(0..1500))
-            } else {
-                Duration::from_millis(rng.random_range(0..15_000))
-            };
-            let turns = (0..rng.random_range(4..9))
-                .map(|_| Turn {
-                    user: words(&mut rng, 600..2400),
-                    // Exponential, mean 1.2 s.
-                    think: Duration::from_secs_f64(-(1.0 - rng.random::<f64>()).ln() * 1.2),
-                    max_tokens: rng.random_range(24..72),
+        .collect()
+}
+
+fn workload(shape: Shape) -> Vec<Session> {
+    let mut rng = StdRng::seed_from_u64(SEED ^ shape as u64);
+    match shape {
+        Shape::Hot => {
+            let prompts: Vec<Arc<str>> = (0..6)
+                .map(|d| {
+                    let protocol = words(&mut rng, 2500..5000);
+                    format!("You are the assistant of department {d}. Protocol: {protocol}").into()
                 })
                 .collect();
-            Session { dept, start, turns }
-        })
-        .collect();
-    (prompts, sessions)
+            (0..120)
+                .map(|i| {
+                    let dept = if rng.random_bool(0.5) {
+                        0
+                    } else {
+                        rng.random_range(1..6)
+                    };
+                    let start = if i % 3 == 0 {
+                        Duration::from_millis(rng.random_range(0..1500))
+                    } else {
+                        Duration::from_millis(rng.random_range(0..15_000))
+                    };
+                    Session {
+                        start,
+                        chat: dept != 0,
+                        system: Arc::clone(&prompts[dept]),
+                        turns: turns(&mut rng, 4..9, 600..2400),
+                    }
+                })
+                .collect()
+        }
+        Shape::Chats => (0..160)
+            .map(|i| Session {
+                start: Duration::from_millis(rng.random_range(0..20_000)),
+                chat: true,
+                system: format!("You are assistant {i}. {}", words(&mut rng, 400..1600)).into(),
+                turns: turns(&mut rng, 3..9, 200..1200),
+            })
+            .collect(),
+        Shape::Long => {
+            let docs: Vec<Arc<str>> = [20_000, 36_000, 52_000, 62_000]
+                .iter()
+                .enumerate()
+                .map(|(d, &len)| {
+                    format!(
+                        "Answer from document {d}: {}",
+                        words(&mut rng, len..len + 1)
+                    )
+                    .into()
+                })
+                .collect();
+            (0..60)
+                .map(|i| Session {
+                    start: Duration::from_millis(
+                        (i / 20) as u64 * 6_000 + rng.random_range(0..500),
+                    ),
+                    chat: true,
+                    system: Arc::clone(&docs[rng.random_range(0..docs.len())]),
+                    turns: turns(&mut rng, 2..5, 200..800),
+                })
+                .collect()
+        }
+    }
 }
 
 /// What the simulator answers to `n` tokens: the history every next turn carries.
@@ -113,19 +196,31 @@ struct Stat {
     ok: bool,
 }
 
+/// Where clients send: one address, or several taken in turn.
+struct Entry {
+    addrs: Vec<SocketAddr>,
+    next: AtomicUsize,
+}
+
+impl Entry {
+    fn pick(&self) -> SocketAddr {
+        self.addrs[self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len()]
+    }
+}
+
 async fn run_session(
     c: reqwest::Client,
-    lb: SocketAddr,
-    system: String,
+    entry: Arc<Entry>,
+    session_id: Option<String>,
     s: Session,
     stats: Arc<Mutex<Vec<Stat>>>,
 ) {
     tokio::time::sleep(s.start.div_f64(SPEED)).await;
-    let chat_api = s.dept != 0;
-    let mut messages = vec![json!({"role": "system", "content": system})];
-    let mut text = format!("{system}\n");
+    let mut messages = vec![json!({"role": "system", "content": &*s.system})];
+    let mut text = format!("{}\n", s.system);
     for t in s.turns {
-        let (url, body) = if chat_api {
+        let lb = entry.pick();
+        let (url, body) = if s.chat {
             messages.push(json!({"role": "user", "content": t.user}));
             (
                 format!("http://{lb}/v1/chat/completions"),
@@ -141,7 +236,11 @@ async fn run_session(
         let start = Instant::now();
         let mut ttft = None;
         let ok = async {
-            let r = c.post(&url).json(&body).send().await.ok()?;
+            let mut req = c.post(&url).json(&body);
+            if let Some(id) = &session_id {
+                req = req.header(SESSION_HEADER, id);
+            }
+            let r = req.send().await.ok()?;
             if r.status() != 200 {
                 return None;
             }
@@ -166,7 +265,7 @@ async fn run_session(
             ok,
         });
         let reply = answer(t.max_tokens);
-        if chat_api {
+        if s.chat {
             messages.push(json!({"role": "assistant", "content": reply}));
         } else {
             text.push_str(&reply);
@@ -176,12 +275,159 @@ async fn run_session(
     }
 }
 
-struct PolicyResult {
-    policy: &'static str,
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Router {
+    Prefixlb {
+        policy: &'static str,
+        replicas: usize,
+        header: bool,
+    },
+    Vllm(&'static str),
+    Sglang(&'static str),
+    Haproxy(&'static str),
+}
+
+const ROUTERS: [Router; 9] = [
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: 1,
+        header: false,
+    },
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: 1,
+        header: true,
+    },
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: REPLICAS,
+        header: false,
+    },
+    Router::Prefixlb {
+        policy: "bounded_consistent_hash",
+        replicas: 1,
+        header: false,
+    },
+    Router::Vllm("sticky_least_loaded"),
+    Router::Vllm("consistent_hash"),
+    Router::Sglang("cache_aware"),
+    Router::Haproxy("roundrobin"),
+    Router::Haproxy("leastconn"),
+];
+
+impl Router {
+    fn name(self) -> String {
+        match self {
+            Router::Prefixlb {
+                policy,
+                replicas,
+                header,
+            } => {
+                let key = if header { ", session header" } else { "" };
+                let n = if replicas > 1 {
+                    format!(" ×{replicas}")
+                } else {
+                    String::new()
+                };
+                format!("prefixlb {policy}{n}{key}")
+            }
+            Router::Vllm(p) => format!("vllm-router {p}, session header"),
+            Router::Sglang(p) => format!("sglang-router {p}"),
+            Router::Haproxy(b) => format!("haproxy {b}"),
+        }
+    }
+
+    fn is_peer(self) -> bool {
+        !matches!(self, Router::Prefixlb { .. })
+    }
+
+    fn sends_header(self) -> bool {
+        match self {
+            Router::Prefixlb { header, .. } => header,
+            // Its sticky policies key on the header; without one, chat requests all hash alike.
+            Router::Vllm(_) => true,
+            Router::Sglang(_) | Router::Haproxy(_) => false,
+        }
+    }
+
+    /// Starts the router in front of `gpus`: where clients send, and what keeps it running.
+    async fn start(self, gpus: &[SocketAddr]) -> Result<(Vec<SocketAddr>, Running), String> {
+        match self {
+            Router::Prefixlb {
+                policy, replicas, ..
+            } => {
+                let config = format!(
+                    "{}routing: {{policy: {policy}, prefill_tokens_per_second: {PREFILL_TOKENS_PER_SEC}}}\nhealth_check: {{enabled: false}}\nengine_metrics: {{enabled: true}}\n",
+                    peers_yaml_at(gpus.iter().copied(), Some(MAX_IN_FLIGHT))
+                );
+                let mut proxies = Vec::new();
+                for _ in 0..replicas {
+                    // The access log stays on, as by default: its cost is part of what is
+                    // measured.
+                    proxies.push(start_proxy(&config).await);
+                }
+                let addrs = proxies.iter().map(|p| p.addr).collect();
+                Ok((addrs, Running::Prefixlb(proxies)))
+            }
+            Router::Vllm(policy) => {
+                let (addr, child) = start_vllm_router(gpus, policy).await?;
+                Ok((vec![addr], Running::Other(child)))
+            }
+            Router::Sglang(policy) => {
+                let (addr, child) = start_sglang_router(gpus, policy).await?;
+                Ok((vec![addr], Running::Other(child)))
+            }
+            Router::Haproxy(balance) => {
+                let (addr, child) = start_haproxy(gpus, balance, false, 4096).await?;
+                Ok((vec![addr], Running::Other(child)))
+            }
+        }
+    }
+}
+
+enum Running {
+    Prefixlb(Vec<Proxy>),
+    /// Held only to be stopped when dropped.
+    Other(#[allow(dead_code)] common::peers::Killed),
+}
+
+impl Running {
+    /// How prefixlb chose its peers, summed over its processes: requests per route.
+    async fn routes(&self) -> BTreeMap<String, f64> {
+        let mut routes = BTreeMap::new();
+        let Running::Prefixlb(proxies) = self else {
+            return routes;
+        };
+        for p in proxies {
+            for line in p.metrics().await.lines() {
+                let Some(rest) = line.strip_prefix("prefixlb_peer_requests_total{") else {
+                    continue;
+                };
+                let route = rest
+                    .split("route=\"")
+                    .nth(1)
+                    .and_then(|r| r.split('"').next());
+                let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+                if let (Some(route), Some(value)) = (route, value) {
+                    *routes.entry(route.to_owned()).or_default() += value;
+                }
+            }
+        }
+        routes
+    }
+}
+
+struct RunResult {
+    shape: Shape,
+    router: Router,
     stats: Vec<Stat>,
     wall: Duration,
     hit_ratio: f64,
     served: Vec<f64>,
+    /// The most requests (running and waiting) any GPU held at one sample.
+    peak_load: f64,
+    /// prefixlb's requests by route (primary, overflow, replica).
+    routes: BTreeMap<String, f64>,
     /// (seconds, running + waiting per GPU)
     load: Vec<(f64, Vec<f64>)>,
 }
@@ -193,52 +439,50 @@ async fn scrape(c: &reqwest::Client, gpu: SocketAddr) -> String {
     }
 }
 
-async fn run_policy(policy: &'static str) -> PolicyResult {
+async fn run(shape: Shape, router: Router) -> Result<RunResult, String> {
     let sim_args: Vec<String> = [
-        "--speed",
-        &SPEED.to_string(),
-        "--cache-tokens",
-        "65536",
-        "--max-running",
-        "16",
+        "--speed".to_owned(),
+        SPEED.to_string(),
+        "--cache-tokens".to_owned(),
+        CACHE_TOKENS.to_string(),
+        "--max-running".to_owned(),
+        MAX_RUNNING.to_string(),
     ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    .to_vec();
     let (_sims, gpus) = start_sims(GPUS, &sim_args).await;
-    let extra = format!("routing: {{policy: {policy}}}\nhealth_check: {{enabled: false}}\n");
-    // The access log stays on, as by default: its cost is part of what is measured.
-    let proxy = start_proxy(&format!(
-        "{}{extra}",
-        peers_yaml_at(gpus.iter().copied(), Some(32))
-    ))
-    .await;
-    let lb = proxy.addr;
+    let (addrs, running) = router.start(&gpus).await?;
+    let entry = Arc::new(Entry {
+        addrs,
+        next: AtomicUsize::new(0),
+    });
     let c = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()
         .unwrap();
-    let (prompts, sessions) = workload();
     let stats = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
-    let tasks: Vec<_> = sessions
+    let tasks: Vec<_> = workload(shape)
         .into_iter()
-        .map(|s| {
+        .enumerate()
+        .map(|(i, s)| {
+            let id = router
+                .sends_header()
+                .then(|| format!("{}-{i}", shape.name()));
             tokio::spawn(run_session(
                 c.clone(),
-                lb,
-                prompts[s.dept].clone(),
+                Arc::clone(&entry),
+                id,
                 s,
                 Arc::clone(&stats),
             ))
         })
         .collect();
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
     let sampler = {
         let (c, gpus, done) = (c.clone(), gpus.clone(), Arc::clone(&done));
         tokio::spawn(async move {
             let mut load = Vec::new();
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            while !done.load(Ordering::SeqCst) {
                 let t = start.elapsed().as_secs_f64();
                 let mut row = Vec::new();
                 for g in &gpus {
@@ -249,7 +493,7 @@ async fn run_policy(policy: &'static str) -> PolicyResult {
                     );
                 }
                 load.push((t, row));
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             load
         })
@@ -258,8 +502,9 @@ async fn run_policy(policy: &'static str) -> PolicyResult {
         t.await.unwrap();
     }
     let wall = start.elapsed();
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    done.store(true, Ordering::SeqCst);
     let load = sampler.await.unwrap_or_default();
+    let routes = running.routes().await;
     let (mut hits, mut queries, mut served) = (0.0, 0.0, Vec::new());
     for g in &gpus {
         let m = scrape(&c, *g).await;
@@ -268,17 +513,24 @@ async fn run_policy(policy: &'static str) -> PolicyResult {
         served.push(sample(&m, "vllm:request_success_total"));
     }
     let stats = stats.lock().unwrap().clone();
-    PolicyResult {
-        policy,
+    let peak_load = load
+        .iter()
+        .flat_map(|(_, row)| row.iter().copied())
+        .fold(0.0, f64::max);
+    Ok(RunResult {
+        shape,
+        router,
         stats,
         wall,
         hit_ratio: if queries > 0.0 { hits / queries } else { 0.0 },
         served,
+        peak_load,
+        routes,
         load,
-    }
+    })
 }
 
-impl PolicyResult {
+impl RunResult {
     fn ttfts(&self) -> Vec<f64> {
         let mut v: Vec<f64> = self
             .stats
@@ -290,92 +542,198 @@ impl PolicyResult {
         v
     }
 
+    fn p(&self, q: f64) -> f64 {
+        percentile(&self.ttfts(), q)
+    }
+
+    fn errors(&self) -> usize {
+        self.stats.iter().filter(|s| !s.ok).count()
+    }
+
     fn summary(&self) -> serde_json::Value {
-        let ttft = self.ttfts();
         let ok: Vec<&Stat> = self.stats.iter().filter(|s| s.ok).collect();
         let mean_e2e = ok.iter().map(|s| s.e2e_ms).sum::<f64>() / ok.len().max(1) as f64;
         let total: f64 = self.served.iter().sum();
         let mean_share = total / self.served.len() as f64;
         let max_share = self.served.iter().copied().fold(0.0, f64::max);
         json!({
-            "policy": self.policy,
+            "workload": self.shape.name(),
+            "router": self.router.name(),
             "requests": self.stats.len(),
-            "errors": self.stats.len() - ok.len(),
-            "ttft_ms": {"p50": percentile(&ttft, 50.0), "p90": percentile(&ttft, 90.0), "p99": percentile(&ttft, 99.0)},
+            "errors": self.errors(),
+            "ttft_ms": {"p50": self.p(50.0), "p90": self.p(90.0), "p99": self.p(99.0)},
             "mean_e2e_ms": mean_e2e,
             "throughput_rps": ok.len() as f64 / self.wall.as_secs_f64(),
             "prefix_cache_hit_ratio": self.hit_ratio,
             "load_imbalance": if mean_share > 0.0 { max_share / mean_share } else { 0.0 },
+            "peak_gpu_load": self.peak_load,
+            "prefixlb_routes": self.routes,
             "requests_per_gpu": self.served,
         })
     }
 }
 
-fn draw(
-    results: &[PolicyResult],
-    path: &std::path::Path,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (1200, 900)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (top, bottom) = root.split_vertically(480);
-    let colors = [RED, BLUE, GREEN, BLACK];
-    let max_ttft = results.iter().flat_map(|r| r.ttfts()).fold(1.0, f64::max);
-    let mut cdf = ChartBuilder::on(&top)
-        .caption("TTFT distribution per policy (CDF)", ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d((1f64..max_ttft * 1.1).log_scale(), 0f64..1f64)?;
-    cdf.configure_mesh()
-        .x_desc("time to first token (ms, log scale)")
-        .y_desc("fraction of requests")
-        .draw()?;
-    for (r, color) in results.iter().zip(colors) {
-        let t = r.ttfts();
-        let n = t.len().max(1) as f64;
-        cdf.draw_series(LineSeries::new(
-            t.iter()
-                .enumerate()
-                .map(|(i, v)| (v.max(1.0), (i + 1) as f64 / n)),
-            color.stroke_width(2),
-        ))?
-        .label(r.policy)
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+fn print_table(shape: Shape, results: &[&RunResult]) {
+    println!(
+        "\n{}: {GPUS} simulated GPUs ({MAX_RUNNING} running each), seed {SEED}, simulator speed {SPEED}x (times are wall clock)\n",
+        shape.name()
+    );
+    println!(
+        "{:<48} {:>8} {:>9} {:>9} {:>10} {:>7} {:>9} {:>9} {:>9}  routes",
+        "router",
+        "TTFT p50",
+        "TTFT p90",
+        "TTFT p99",
+        "mean e2e",
+        "errors",
+        "cache hit",
+        "imbalance",
+        "peak load"
+    );
+    for r in results {
+        let s = r.summary();
+        let total: f64 = r.routes.values().sum();
+        let routes: Vec<String> = r
+            .routes
+            .iter()
+            .map(|(k, v)| format!("{k} {:.0}%", v / total * 100.0))
+            .collect();
+        println!(
+            "{:<48} {:>6.0}ms {:>7.0}ms {:>7.0}ms {:>8.0}ms {:>7} {:>8.1}% {:>9.2} {:>9.0}  {}",
+            r.router.name(),
+            r.p(50.0),
+            r.p(90.0),
+            r.p(99.0),
+            s["mean_e2e_ms"].as_f64().unwrap(),
+            r.errors(),
+            r.hit_ratio * 100.0,
+            s["load_imbalance"].as_f64().unwrap(),
+            r.peak_load,
+            routes.join(", "),
+        );
     }
-    cdf.configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()?;
-    let panels = bottom.split_evenly((1, results.len()));
-    let max_load = results
+}
+
+/// How prefixlb's default policy compares with the best of the peers on one workload, as the
+/// routing issue asks: p50 within 5% of the best, p99 at most 0.8 of the best, hits at least
+/// the best of the peers that do not melt (p99 within 2 × the best) minus one point, no errors.
+fn verdict(shape: Shape, results: &[&RunResult]) -> Vec<String> {
+    let peers: Vec<&&RunResult> = results.iter().filter(|r| r.router.is_peer()).collect();
+    if peers.is_empty() {
+        return Vec::new();
+    }
+    let best_p50 = peers.iter().map(|r| r.p(50.0)).fold(f64::MAX, f64::min);
+    let best_p99 = peers.iter().map(|r| r.p(99.0)).fold(f64::MAX, f64::min);
+    let best_hits = peers
         .iter()
-        .flat_map(|r| r.load.iter().flat_map(|(_, row)| row.iter().copied()))
-        .fold(1.0, f64::max);
-    let max_t = results
+        .filter(|r| r.p(99.0) <= 2.0 * best_p99)
+        .map(|r| r.hit_ratio)
+        .fold(0.0, f64::max);
+    let mut lines = Vec::new();
+    for r in results.iter().filter(|r| {
+        matches!(
+            r.router,
+            Router::Prefixlb {
+                policy: "least_cost",
+                replicas: 1,
+                ..
+            }
+        )
+    }) {
+        let p50 = r.p(50.0) / best_p50;
+        let p99 = r.p(99.0) / best_p99;
+        let hits = (r.hit_ratio - best_hits) * 100.0;
+        let met = p50 <= 1.05 && p99 <= 0.8 && hits >= -1.0 && r.errors() == 0;
+        lines.push(format!(
+            "{}: {}: p50 {p50:.2}× the best peer's, p99 {p99:.2}×, hits {hits:+.1} points, {} errors: {}",
+            shape.name(),
+            r.router.name(),
+            r.errors(),
+            if met { "meets the targets" } else { "misses" }
+        ));
+    }
+    // Replicas against one process, key from the body.
+    let one = results.iter().find(|r| {
+        r.router
+            == Router::Prefixlb {
+                policy: "least_cost",
+                replicas: 1,
+                header: false,
+            }
+    });
+    let many = results
         .iter()
-        .flat_map(|r| r.load.last().map(|(t, _)| *t))
-        .fold(1.0, f64::max);
-    let gpu_colors = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
-    for (panel, r) in panels.iter().zip(results) {
-        let mut chart = ChartBuilder::on(panel)
-            .caption(format!("{}: load per GPU", r.policy), ("sans-serif", 15))
-            .margin(8)
-            .x_label_area_size(30)
-            .y_label_area_size(35)
-            .build_cartesian_2d(0f64..max_t, 0f64..max_load * 1.05)?;
-        chart
-            .configure_mesh()
-            .x_desc("s")
-            .y_desc("running + waiting")
+        .find(|r| matches!(r.router, Router::Prefixlb { replicas, .. } if replicas > 1));
+    if let (Some(one), Some(many)) = (one, many) {
+        lines.push(format!(
+            "{}: {REPLICAS} replicas: hits {:.2}× one process's, p50 {:.2}×, p99 {:.2}×, peak GPU load {:.0} (max_in_flight {MAX_IN_FLIGHT})",
+            shape.name(),
+            many.hit_ratio / one.hit_ratio.max(1e-9),
+            many.p(50.0) / one.p(50.0),
+            many.p(99.0) / one.p(99.0),
+            many.peak_load,
+        ));
+    }
+    lines
+}
+
+fn draw(results: &[RunResult], path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let shapes: Vec<Shape> = SHAPES
+        .into_iter()
+        .filter(|s| results.iter().any(|r| r.shape == *s))
+        .collect();
+    let root = SVGBackend::new(path, (1500, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let colors = [
+        RED,
+        RGBColor(255, 140, 0),
+        RGBColor(180, 0, 120),
+        RGBColor(120, 120, 120),
+        BLUE,
+        CYAN,
+        GREEN,
+        BLACK,
+        RGBColor(140, 90, 40),
+    ];
+    for (panel, shape) in root
+        .split_evenly((1, shapes.len().max(1)))
+        .iter()
+        .zip(&shapes)
+    {
+        let runs: Vec<&RunResult> = results.iter().filter(|r| r.shape == *shape).collect();
+        let max_ttft = runs.iter().flat_map(|r| r.ttfts()).fold(1.0, f64::max);
+        let mut cdf = ChartBuilder::on(panel)
+            .caption(format!("{}: TTFT (CDF)", shape.name()), ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(40)
+            .build_cartesian_2d((5f64..max_ttft * 1.1).log_scale(), 0f64..1f64)?;
+        cdf.configure_mesh()
+            .x_desc("ms, log scale")
+            .y_desc("fraction of requests")
             .draw()?;
-        for g in 0..GPUS {
-            let color = gpu_colors[g % gpu_colors.len()];
-            chart.draw_series(LineSeries::new(
-                r.load.iter().map(|(t, row)| (*t, row[g])),
-                color.stroke_width(1),
-            ))?;
+        for r in runs {
+            let color =
+                colors[ROUTERS.iter().position(|x| *x == r.router).unwrap_or(0) % colors.len()];
+            let t = r.ttfts();
+            let n = t.len().max(1) as f64;
+            cdf.draw_series(LineSeries::new(
+                t.iter()
+                    .enumerate()
+                    .map(|(i, v)| (v.max(5.0), (i + 1) as f64 / n)),
+                color.stroke_width(2),
+            ))?
+            .label(r.router.name())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         }
+        cdf.configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 11))
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()?;
     }
     root.present()?;
     Ok(())
@@ -383,55 +741,74 @@ fn draw(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    // `cargo bench` passes --bench; a filter argument selects policies.
+    // `cargo bench` passes --bench; other arguments filter workloads and routers.
     let filter: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    let shape_filter: Vec<&String> = filter
+        .iter()
+        .filter(|f| SHAPES.iter().any(|s| s.name() == f.as_str()))
+        .collect();
+    let router_filter: Vec<&String> = filter
+        .iter()
+        .filter(|f| !shape_filter.contains(f))
+        .collect();
     let mut results = Vec::new();
-    for policy in POLICIES {
-        if !filter.is_empty() && !filter.iter().any(|f| policy.contains(f.as_str())) {
+    let mut skipped: BTreeMap<String, String> = BTreeMap::new();
+    for shape in SHAPES {
+        if !shape_filter.is_empty() && !shape_filter.iter().any(|f| *f == shape.name()) {
             continue;
         }
-        eprintln!("running {policy} ...");
-        results.push(run_policy(policy).await);
+        for router in ROUTERS {
+            let name = router.name();
+            if !router_filter.is_empty() && !router_filter.iter().any(|f| name.contains(f.as_str()))
+            {
+                continue;
+            }
+            if skipped.contains_key(&name) {
+                continue;
+            }
+            eprintln!("{}: running {name} ...", shape.name());
+            match run(shape, router).await {
+                Ok(r) => results.push(r),
+                Err(why) => {
+                    println!("skipped {name}: {why}");
+                    skipped.insert(name, why);
+                }
+            }
+        }
     }
-    let summaries: Vec<serde_json::Value> = results.iter().map(PolicyResult::summary).collect();
-    println!(
-        "\n{GPUS} simulated GPUs, {SESSIONS} sessions, seed {SEED}, simulator speed {SPEED}x (times below are wall clock)\n"
-    );
-    println!(
-        "{:<24} {:>8} {:>9} {:>9} {:>10} {:>9} {:>7} {:>9} {:>10}",
-        "policy",
-        "TTFT p50",
-        "TTFT p90",
-        "TTFT p99",
-        "mean e2e",
-        "req/s",
-        "errors",
-        "cache hit",
-        "imbalance"
-    );
-    for s in &summaries {
-        println!(
-            "{:<24} {:>6.0}ms {:>7.0}ms {:>7.0}ms {:>8.0}ms {:>9.1} {:>7} {:>8.1}% {:>10.2}",
-            s["policy"].as_str().unwrap(),
-            s["ttft_ms"]["p50"].as_f64().unwrap(),
-            s["ttft_ms"]["p90"].as_f64().unwrap(),
-            s["ttft_ms"]["p99"].as_f64().unwrap(),
-            s["mean_e2e_ms"].as_f64().unwrap(),
-            s["throughput_rps"].as_f64().unwrap(),
-            s["errors"],
-            s["prefix_cache_hit_ratio"].as_f64().unwrap() * 100.0,
-            s["load_imbalance"].as_f64().unwrap(),
-        );
+    let mut verdicts = Vec::new();
+    for shape in SHAPES {
+        let runs: Vec<&RunResult> = results.iter().filter(|r| r.shape == shape).collect();
+        if runs.is_empty() {
+            continue;
+        }
+        print_table(shape, &runs);
+        verdicts.extend(verdict(shape, &runs));
+    }
+    println!();
+    for v in &verdicts {
+        println!("{v}");
     }
     let dir = out_dir();
-    let detail: BTreeMap<&str, serde_json::Value> = results
+    let summaries: Vec<serde_json::Value> = results.iter().map(RunResult::summary).collect();
+    let load: Vec<serde_json::Value> = results
         .iter()
-        .map(|r| (r.policy, json!({"load": r.load.iter().map(|(t, row)| json!({"t": t, "per_gpu": row})).collect::<Vec<_>>()})))
+        .map(|r| {
+            json!({
+                "workload": r.shape.name(),
+                "router": r.router.name(),
+                "load": r.load.iter().map(|(t, row)| json!({"t": t, "per_gpu": row})).collect::<Vec<_>>(),
+            })
+        })
         .collect();
-    let out = json!({"gpus": GPUS, "sessions": SESSIONS, "seed": SEED, "speed": SPEED, "results": summaries, "load_over_time": detail});
+    let out = json!({
+        "gpus": GPUS, "max_running": MAX_RUNNING, "cache_tokens": CACHE_TOKENS, "seed": SEED,
+        "speed": SPEED, "results": summaries, "verdicts": verdicts, "skipped": skipped,
+        "load_over_time": load,
+    });
     std::fs::write(
         dir.join("results.json"),
         serde_json::to_string_pretty(&out).unwrap(),

@@ -70,7 +70,7 @@ async fn bench(upstream: SocketAddr, pinned: bool) {
     for (name, started) in [
         (
             "HAProxy roundrobin",
-            start_haproxy(upstream, pinned, 4096).await,
+            start_haproxy(&[upstream], "roundrobin", pinned, 4096).await,
         ),
         ("bare Pingora", start_bare(upstream, pinned).await),
     ] {

@@ -57,11 +57,12 @@ impl Admin {
                     // Requests others carry on the peer, as the bound counts them.
                     "external": p.external(),
                     // What the cost rule believes: the running slots the engine showed (null
-                    // until it queued), the prefill sent and not yet answered, and the wait a
-                    // request sent now would expect before its own prefill.
+                    // until it queued), the prefill sent and not yet answered, how long an
+                    // answer streams, and the wait a request sent now would expect before its
+                    // own prefill.
                     "capacity": (p.capacity() > 0).then(|| p.capacity()),
                     "prefill_queue_tokens": p.prefill_queue(),
-                    "service_ms": p.service_time().map(|t| t.as_millis() as u64),
+                    "decode_ms": p.decode_time().map(|t| t.as_millis() as u64),
                     "estimated_wait_ms": self.router.estimated_wait(p).as_millis() as u64,
                     "engine": p.engine().map(|(e, age)| json!({
                         "running": e.running,

@@ -940,3 +940,34 @@ async fn an_engine_reporting_a_queue_is_passed_over_until_it_clears() {
         "{metrics}"
     );
 }
+
+/// A prompt is priced whether its key comes from the body or from a session header: until the
+/// engine's first byte its uncached share (all but the newest turn, on its own peer) counts on
+/// the peer's prefill queue, as `/admin/peers` shows, and the first byte gives it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_counts_on_its_peers_prefill_queue_until_the_first_byte() {
+    let ups = upstreams::<1>().await;
+    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
+    let c = client();
+    let body = chat("system", &"x".repeat(40_000), 1, false);
+    let tokens = (body.len() / prefixlb::routing::policy::CHARS_PER_TOKEN) as f64;
+    let expected = (tokens * (1.0 - prefixlb::routing::cost::WARM_HIT)).ceil() as u64;
+    let a = ups[0].addr_str();
+    for session in [None, Some("s-1")] {
+        let mut req = c
+            .post(proxy.url("/v1/chat/completions"))
+            .header("x-mock-delay-ms", "1000")
+            .body(body.clone());
+        if let Some(id) = session {
+            req = req.header("x-session-id", id);
+        }
+        let pending = tokio::spawn(req.send());
+        until(&proxy, Duration::from_secs(3), |l| {
+            peer(l, &a)["prefill_queue_tokens"] == expected
+        })
+        .await;
+        assert_eq!(pending.await.unwrap().unwrap().status(), 200);
+        let listing = proxy.wait_idle(Duration::from_secs(3)).await;
+        assert_eq!(peer(&listing, &a)["prefill_queue_tokens"], 0, "{session:?}");
+    }
+}

@@ -69,9 +69,13 @@ fn concurrent_requests_of_one_key_stay_together_while_its_peer_has_slots() {
         .collect();
     assert!(held.iter().all(|r| Arc::ptr_eq(r.slot.peer(), primary)));
     assert!(held.iter().all(|r| r.route == Route::Primary));
-    // Once the engine has shown it runs 8, the floor is 8: the cost rule alone decides, and
-    // a fifth request still costs less here (0.18 s with the others' new turns and decode)
-    // than a cold prefill.
+    // Once the engine has shown it runs 8, the floor is 8 and the cost rule alone decides: with
+    // the four streaming, a fifth costs less here (its new turn, shared with their steps, and
+    // their decode share: 0.14 s) than a cold prefill (0.2 s).
+    let mut held = held;
+    for r in &mut held {
+        r.slot.prefilled();
+    }
     known_slots(primary, 8);
     let fifth = cluster.select(&COST, ask(h, 2_000), &[]).routed().unwrap();
     assert!(Arc::ptr_eq(fifth.slot.peer(), primary));
@@ -114,7 +118,7 @@ fn a_full_engine_is_priced_by_its_queue() {
     let peers = walk(&cluster, h);
     known_slots(&peers[0], 2);
     let held: Vec<Slot> = (0..2).map(|_| peers[0].take()).collect();
-    // Both slots are taken: a third would wait half a service time (1 s assumed) behind them,
+    // Both slots are taken: a third would wait half a stream time (0.5 s assumed) behind them,
     // dearer than a cold 1 000-token prefill elsewhere (0.1 s).
     let r = cluster.select(&COST, ask(h, 1_000), &[]).routed().unwrap();
     assert!(!Arc::ptr_eq(r.slot.peer(), &peers[0]));

@@ -109,16 +109,23 @@ pub fn rss(pid: u32) -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// HAProxy in front of `upstreams`, spreading by `balance` (`roundrobin`, `leastconn`).
 pub async fn start_haproxy(
-    upstream: SocketAddr,
+    upstreams: &[SocketAddr],
+    balance: &str,
     pinned: bool,
     maxconn: usize,
 ) -> Result<(SocketAddr, Killed), String> {
     let haproxy = find_or_install("haproxy", "haproxy")?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let addr = free_addr();
+    let servers: String = upstreams
+        .iter()
+        .enumerate()
+        .map(|(i, u)| format!("  server e{i} {u}\n"))
+        .collect();
     let config = format!(
-        "global\n  nbthread 1\n  maxconn {maxconn}\ndefaults\n  mode http\n  timeout connect 3s\n  timeout client 60s\n  timeout server 60s\n  http-reuse always\nfrontend lb\n  bind {addr}\n  default_backend engines\nbackend engines\n  balance roundrobin\n  server e1 {upstream}\n"
+        "global\n  nbthread 1\n  maxconn {maxconn}\ndefaults\n  mode http\n  timeout connect 3s\n  timeout client 120s\n  timeout server 120s\n  http-reuse always\nfrontend lb\n  bind {addr}\n  default_backend engines\nbackend engines\n  balance {balance}\n{servers}"
     );
     let path = dir.path().join("haproxy.cfg");
     std::fs::write(&path, config).map_err(|e| e.to_string())?;
@@ -213,4 +220,99 @@ fn find_or_install(name: &str, package: &str) -> Result<PathBuf, String> {
         apt(&["install", "-y", "-qq", package]);
     }
     found().ok_or_else(|| format!("{name} could not be installed with apt-get"))
+}
+
+/// The routers installed from PyPI, pinned to the versions compared.
+const PYTHON_ROUTERS: [&str; 2] = ["vllm-router==0.1.17", "sglang-router==0.3.2"];
+
+/// A virtual environment holding [`PYTHON_ROUTERS`], created beside the build on first use.
+fn python_routers() -> Result<PathBuf, String> {
+    let venv = binary()
+        .parent()
+        .and_then(Path::parent)
+        .map(|target| target.join("bench-venv"))
+        .ok_or("no target directory")?;
+    let bin = venv.join("bin");
+    if bin.join("vllm-router").is_file() && bin.join("sglang-router").is_file() {
+        return Ok(bin);
+    }
+    println!(
+        "installing {} into {} (pip)...",
+        PYTHON_ROUTERS.join(", "),
+        venv.display()
+    );
+    let quiet = |c: &mut Command| c.stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    if !quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv)) {
+        return Err("python3 -m venv failed (is python3-venv installed?)".into());
+    }
+    if !quiet(
+        Command::new(bin.join("pip"))
+            .args(["install", "-q", "--disable-pip-version-check"])
+            .args(PYTHON_ROUTERS),
+    ) {
+        return Err(format!(
+            "pip could not install {}",
+            PYTHON_ROUTERS.join(", ")
+        ));
+    }
+    Ok(bin)
+}
+
+/// vllm-router with `policy` in front of `workers`, once it says it is ready.
+pub async fn start_vllm_router(
+    workers: &[SocketAddr],
+    policy: &str,
+) -> Result<(SocketAddr, Killed), String> {
+    let mut command = Command::new(python_routers()?.join("vllm-router"));
+    // Its log level flag does not reach every line; RUST_LOG does.
+    command.env("RUST_LOG", "error");
+    start_python_router(command, workers, policy).await
+}
+
+/// sglang-router with `policy` in front of `workers`, once it says it is ready.
+pub async fn start_sglang_router(
+    workers: &[SocketAddr],
+    policy: &str,
+) -> Result<(SocketAddr, Killed), String> {
+    let mut command = Command::new(python_routers()?.join("python"));
+    command.args(["-m", "sglang_router.launch_router"]);
+    start_python_router(command, workers, policy).await
+}
+
+async fn start_python_router(
+    mut command: Command,
+    workers: &[SocketAddr],
+    policy: &str,
+) -> Result<(SocketAddr, Killed), String> {
+    let (addr, metrics) = (free_addr(), free_addr());
+    command
+        .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["--prometheus-host", "127.0.0.1"])
+        .args(["--prometheus-port", &metrics.port().to_string()])
+        .args(["--policy", policy, "--log-level", "error"])
+        // It checks its workers every 30 s at start by default.
+        .args(["--worker-startup-check-interval", "1"])
+        .arg("--worker-urls")
+        .args(workers.iter().map(|w| format!("http://{w}")));
+    let mut child = spawn_pinned(&mut command, false);
+    // The port may open before the workers are registered: /readiness says when they are.
+    let client = reqwest::Client::new();
+    let start = Instant::now();
+    loop {
+        let ready = client
+            .get(format!("http://{addr}/readiness"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if ready {
+            return Ok((addr, child));
+        }
+        if let Ok(Some(status)) = child.child.try_wait() {
+            return Err(format!("exited at start ({status})"));
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err(format!("not ready on {addr} after 30 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

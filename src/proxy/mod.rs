@@ -159,7 +159,8 @@ impl ProxyHttp for PrefixLb {
             return Ok(true);
         }
         let header = session.req_header();
-        let mut body_bytes = 0;
+        // The prompt's size prices it: declared, or as far as the peek read it.
+        let mut body_bytes = declared_length(&header.headers).unwrap_or(0);
         let key = if router
             .keys
             .body_kind(&header.method, header.uri.path(), &header.headers)
@@ -177,8 +178,7 @@ impl ProxyHttp for PrefixLb {
                     ctx.unreplayed = peeked.unreplayed;
                     ctx.peek_held = Some(peeked.held);
                     ctx.continued = expects_continue(session);
-                    body_bytes =
-                        declared_length(&session.req_header().headers).unwrap_or(peeked.bytes);
+                    body_bytes = body_bytes.max(peeked.bytes);
                     peeked.key
                 }
                 Err(api) => {

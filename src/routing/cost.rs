@@ -3,9 +3,12 @@
 //!
 //! - `T_wait`: the prefill this process already sent the peer and has no first byte for yet,
 //!   plus, when the engine has shown how many requests it runs at once, the requests beyond
-//!   that, each waiting its share of a mean service time (Little's law over the running slots).
+//!   that, each waiting its share of a mean stream time (Little's law over the running slots).
 //! - `T_prefill`: the prompt's tokens at the configured prefill rate, and `α` whether the peer
-//!   holds the key's prefix: the primary does by construction, a warm replica by record.
+//!   holds the key's prefix: the primary does by construction, a warm replica by record. A
+//!   prefill shares the GPU's steps with the streams running there (chunked prefill), so each
+//!   of them waits it out too: it is counted once for this request and once for each of them.
+//!   Without that, a spill looks cheap to the request that spills and is paid by the others.
 //! - `T_decode`: what the running streams add to this one's steps (a batch shares each step).
 //!
 //! Everything is in seconds and read from atomics: an estimate, fresh to the last request,
@@ -20,8 +23,8 @@ pub const WARM_HIT: f64 = 0.9;
 /// How much each other running stream slows a decode step (vLLM on one GPU: about 2%).
 const DECODE_SHARE: f64 = 0.02;
 
-/// The service time assumed before a peer has finished a request.
-const DEFAULT_SERVICE: Duration = Duration::from_secs(1);
+/// The stream time assumed before a peer has finished a request.
+const DEFAULT_DECODE: Duration = Duration::from_millis(500);
 
 /// Prompt tokens a GPU prefills per second by default: an 8B model on one H100-class GPU.
 pub const DEFAULT_PREFILL_TOKENS_PER_SEC: f64 = 10_000.0;
@@ -62,8 +65,8 @@ pub struct Pricing {
     pub capacity: u32,
     /// Tokens this process sent it to prefill that have no first byte yet.
     pub prefill_queue: u64,
-    /// How long a request holds a slot there, on average.
-    pub service: Option<Duration>,
+    /// How long a request streams there after its first byte, on average.
+    pub decode: Option<Duration>,
     /// Whether it holds the key's prefix.
     pub warm: bool,
 }
@@ -73,13 +76,13 @@ impl CostModel {
     /// `prompt_tokens` on a peer in state `p`, in seconds.
     pub fn estimate(&self, p: &Pricing, prompt_tokens: u32) -> f64 {
         let alpha = if p.warm { WARM_HIT } else { 0.0 };
-        let t_prefill = (1.0 - alpha) * f64::from(prompt_tokens) / self.rate();
-        let running = if p.capacity == 0 {
+        let running = f64::from(if p.capacity == 0 {
             p.load
         } else {
             p.load.min(p.capacity)
-        };
-        let t_decode = DECODE_SHARE * f64::from(running) * service(p);
+        });
+        let t_prefill = (1.0 - alpha) * f64::from(prompt_tokens) / self.rate() * (1.0 + running);
+        let t_decode = DECODE_SHARE * running * decode(p);
         self.wait(p) + t_prefill + t_decode
     }
 
@@ -92,7 +95,7 @@ impl CostModel {
             slots => (p.load + 1).saturating_sub(slots),
         };
         p.prefill_queue as f64 / self.rate()
-            + f64::from(queued) * service(p) / f64::from(p.capacity.max(1))
+            + f64::from(queued) * decode(p) / f64::from(p.capacity.max(1))
     }
 
     fn rate(&self) -> f64 {
@@ -106,8 +109,8 @@ impl CostModel {
     }
 }
 
-fn service(p: &Pricing) -> f64 {
-    p.service.unwrap_or(DEFAULT_SERVICE).as_secs_f64()
+fn decode(p: &Pricing) -> f64 {
+    p.decode.unwrap_or(DEFAULT_DECODE).as_secs_f64()
 }
 
 #[cfg(test)]
@@ -118,7 +121,7 @@ mod tests {
         load: 0,
         capacity: 0,
         prefill_queue: 0,
-        service: Some(Duration::from_secs(2)),
+        decode: Some(Duration::from_secs(1)),
         warm: false,
     };
 
@@ -129,19 +132,34 @@ mod tests {
         }
     }
 
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
     #[test]
     fn an_idle_cold_peer_costs_its_prefill() {
         let cost = model().estimate(&IDLE, 5_000);
-        assert!((cost - 0.5).abs() < 1e-9, "{cost}");
+        assert!(close(cost, 0.5), "{cost}");
     }
 
     #[test]
     fn a_warm_peer_prefills_only_the_new_turn() {
         let warm = Pricing { warm: true, ..IDLE };
         let cost = model().estimate(&warm, 5_000);
-        assert!((cost - 0.05).abs() < 1e-9, "{cost}");
+        assert!(close(cost, 0.05), "{cost}");
         assert_eq!(model().uncached(5_000, true), 500);
         assert_eq!(model().uncached(5_000, false), 5_000);
+    }
+
+    #[test]
+    fn a_prefill_is_paid_by_every_stream_running_beside_it() {
+        let busy = Pricing { load: 3, ..IDLE };
+        // 0.5 s for this request and for each of the three streams, plus their decode share.
+        let cost = model().estimate(&busy, 5_000);
+        assert!(close(cost, 0.5 * 4.0 + 0.02 * 3.0), "{cost}");
+        // A warm peer with streams still beats a cold idle one.
+        let warm = Pricing { warm: true, ..busy };
+        assert!(model().estimate(&warm, 5_000) < model().estimate(&IDLE, 5_000));
     }
 
     #[test]
@@ -161,24 +179,27 @@ mod tests {
     }
 
     #[test]
-    fn beyond_capacity_a_request_waits_a_share_of_the_service_time() {
+    fn beyond_capacity_a_request_waits_a_share_of_the_stream_time() {
         let full = Pricing {
             load: 8,
             capacity: 8,
             warm: true,
             ..IDLE
         };
-        // One ahead of its slot: it waits 2 s / 8 slots, plus 8 streams' decode share.
-        let expected = 0.25 + 0.05 + 0.02 * 8.0 * 2.0;
-        assert!((model().estimate(&full, 5_000) - expected).abs() < 1e-9);
+        // One ahead of its slot: it waits 1 s / 8 slots.
+        assert!(close(model().wait(&full), 0.125));
+        let expected = 0.125 + 0.05 * 9.0 + 0.02 * 8.0;
+        assert!(close(model().estimate(&full, 5_000), expected));
         let with_room = Pricing { load: 6, ..full };
+        assert!(close(model().wait(&with_room), 0.0));
         assert!(model().estimate(&with_room, 5_000) < model().estimate(&full, 5_000));
     }
 
     #[test]
     fn unknown_capacity_prices_no_wait() {
         let loaded = Pricing { load: 30, ..IDLE };
+        assert!(close(model().wait(&loaded), 0.0));
         let cost = model().estimate(&loaded, 0);
-        assert!((cost - 0.02 * 30.0 * 2.0).abs() < 1e-9, "{cost}");
+        assert!(close(cost, 0.02 * 30.0), "{cost}");
     }
 }

@@ -123,9 +123,9 @@ pub struct Peer {
     /// Prompt tokens this process expects the peer still to prefill: its requests' uncached
     /// estimates, from the choice to the first byte of the answer.
     prefill_queue: AtomicU64,
-    /// Mean time a prompt-carrying request holds its slot, in microseconds (an EWMA; 0 until
-    /// one has ended).
-    service_us: AtomicU32,
+    /// Mean time a request streams its answer, from first byte to end, in microseconds (an
+    /// EWMA; 0 until one has ended).
+    decode_us: AtomicU32,
     healthy: AtomicBool,
     draining: AtomicBool,
     removed: AtomicBool,
@@ -148,7 +148,7 @@ impl Peer {
             engine: EngineFigures::default(),
             capacity: AtomicU32::new(0),
             prefill_queue: AtomicU64::new(0),
-            service_us: AtomicU32::new(0),
+            decode_us: AtomicU32::new(0),
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             removed: AtomicBool::new(false),
@@ -206,10 +206,9 @@ impl Peer {
     pub fn prefill_queue(&self) -> u64 {
         self.prefill_queue.load(Ordering::Relaxed)
     }
-    /// How long a prompt-carrying request holds a slot here, on average; `None` before one
-    /// has ended.
-    pub fn service_time(&self) -> Option<Duration> {
-        match self.service_us.load(Ordering::Relaxed) {
+    /// How long a request streams its answer here, on average; `None` before one has ended.
+    pub fn decode_time(&self) -> Option<Duration> {
+        match self.decode_us.load(Ordering::Relaxed) {
             0 => None,
             us => Some(Duration::from_micros(u64::from(us))),
         }
@@ -221,7 +220,7 @@ impl Peer {
             load: self.load(),
             capacity: self.capacity(),
             prefill_queue: self.prefill_queue(),
-            service: self.service_time(),
+            decode: self.decode_time(),
             warm,
         }
     }
@@ -337,12 +336,12 @@ impl Peer {
         Slot::new(self)
     }
 
-    fn record_service(&self, held: Duration) {
+    fn record_decode(&self, held: Duration) {
         let sample = held.as_micros().clamp(1, u128::from(u32::MAX)) as u32;
         // An EWMA over about the last eight requests: recent enough to follow a change of
         // workload, smooth enough that one long answer does not swing it.
         let _ = self
-            .service_us
+            .decode_us
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean| {
                 Some(if mean == 0 {
                     sample
@@ -386,7 +385,7 @@ pub struct Slot {
     peer: Arc<Peer>,
     /// Tokens this request adds to the peer's prefill queue until its first byte.
     prefill: u64,
-    /// When a prompt-carrying request took the slot, for the peer's service time.
+    /// When the first byte of the answer came, for the peer's decode time.
     since: Option<Instant>,
 }
 
@@ -404,15 +403,20 @@ impl Slot {
     }
 
     /// Counts `tokens` of prompt the peer must prefill for this request, until
-    /// [`Slot::prefilled`] or the end; and times the request for the peer's service time.
+    /// [`Slot::prefilled`] or the end.
     pub fn expect_prefill(&mut self, tokens: u64) {
         self.peer.prefill_queue.fetch_add(tokens, Ordering::Relaxed);
         self.prefill += tokens;
-        self.since = Some(Instant::now());
     }
 
-    /// The first byte of the answer came: the prompt is prefilled.
+    /// The first byte of the answer came: the prompt is prefilled, and the answer streams
+    /// until the slot is dropped.
     pub fn prefilled(&mut self) {
+        self.release_prefill();
+        self.since.get_or_insert_with(Instant::now);
+    }
+
+    fn release_prefill(&mut self) {
         let tokens = std::mem::take(&mut self.prefill);
         self.peer.prefill_queue.fetch_sub(tokens, Ordering::Relaxed);
     }
@@ -420,9 +424,9 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.prefilled();
+        self.release_prefill();
         if let Some(since) = self.since {
-            self.peer.record_service(since.elapsed());
+            self.peer.record_decode(since.elapsed());
         }
         self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.peer.cluster.in_flight.fetch_sub(1, Ordering::Relaxed);
