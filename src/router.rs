@@ -74,7 +74,7 @@ impl Router {
     /// The wait before its own prefill that the cost rule expects for a request sent to
     /// `peer` now (see [`crate::routing::cost`]).
     pub fn estimated_wait(&self, peer: &Peer) -> Duration {
-        Duration::from_secs_f64(self.balance.cost.wait(&peer.pricing(false)))
+        Duration::from_secs_f64(self.balance.cost.wait(&peer.pricing(0.0)))
     }
 
     /// Recomputes the current cluster's eligible weight after a peer's eligibility changed, in

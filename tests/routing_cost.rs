@@ -98,17 +98,31 @@ fn a_long_prefill_queue_sends_the_key_to_a_cold_peer_and_it_turns_warm() {
     assert_eq!(spilled.route, Route::Overflow);
     drop(spilled);
     // The next peer of the walk is busier now than the third; the one that served the key
-    // is warm, and wins over the idle cold one.
+    // last holds its newest turns, and wins over the idle cold one.
     let mut other = peers[1].take();
     other.expect_prefill(1_000);
     let again = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
     assert!(Arc::ptr_eq(again.slot.peer(), &peers[1]), "went cold");
     assert_eq!(again.route, Route::Replica);
-    drop((again, other));
-    // The primary's queue clears: the key is home again.
+    drop(again);
+    // The primary's queue clears, but the conversation moved: it stays where its newest turns
+    // are while that peer is cheaper...
     drop(ahead);
+    let stays = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(stays.slot.peer(), &peers[1]));
+    drop(stays);
+    // ...and comes home once it is not: the primary still holds the turns up to the spill.
+    let mut busy = vec![other];
+    for _ in 0..2 {
+        let mut slot = peers[1].take();
+        slot.expect_prefill(10_000);
+        busy.push(slot);
+    }
     let home = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
     assert_eq!(home.route, Route::Primary);
+    drop((home, busy));
+    let settled = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    assert_eq!(settled.route, Route::Primary, "it served the key last");
 }
 
 #[test]
@@ -122,8 +136,13 @@ fn a_full_engine_is_priced_by_its_queue() {
     // dearer than a cold 1 000-token prefill elsewhere (0.1 s).
     let r = cluster.select(&COST, ask(h, 1_000), &[]).routed().unwrap();
     assert!(!Arc::ptr_eq(r.slot.peer(), &peers[0]));
-    drop((r, held));
-    let r = cluster.select(&COST, ask(h, 1_000), &[]).routed().unwrap();
+    // Another key of the same primary, once a slot is free, goes home.
+    let other = (4..)
+        .map(key)
+        .find(|&k| Arc::ptr_eq(&walk(&cluster, k)[0], &peers[0]))
+        .unwrap();
+    drop(held);
+    let r = cluster.select(&COST, ask(other, 1_000), &[]).routed().unwrap();
     assert!(Arc::ptr_eq(r.slot.peer(), &peers[0]));
 }
 

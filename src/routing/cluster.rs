@@ -12,11 +12,11 @@ use arc_swap::ArcSwap;
 
 use pingora_load_balancing::Backend;
 
-use super::cost::MAX_CANDIDATES;
+use super::cost::{EARLIER_HIT, MAX_CANDIDATES, WARM_HIT};
 use super::peer::{canonical, ClusterLoad, Peer, PeerSpec, Slot};
 use super::policy::{Balance, BoundInputs, Decision, Demand, Policy, Route, Routed};
 use super::ring::{Ring, RingConfig};
-use super::warm::WarmReplicas;
+use super::warm::{Held, WarmReplicas};
 
 #[derive(Debug)]
 pub struct Cluster {
@@ -345,10 +345,11 @@ impl Cluster {
         usable: impl Fn(&Arc<Peer>) -> bool,
     ) -> Decision {
         let want = balance.cost.candidates.clamp(1, MAX_CANDIDATES) as usize;
-        // (cost in whole milliseconds, ring index, place among the priced, warm). Costs are
-        // compared to the millisecond: finer differences are noise of each process's learned
-        // service times, and would break ties that processes should break alike.
-        let mut priced = [(0u64, 0, 0, false); MAX_CANDIDATES as usize];
+        // (cost in whole milliseconds, ring index, place among the priced, share held). Costs
+        // are compared to the millisecond: finer differences are noise of each process's
+        // learned stream times, and would break ties that processes should break alike.
+        let mut priced = [(0u64, 0, 0, 0.0); MAX_CANDIDATES as usize];
+        let holders = self.warm.holders(hash);
         let (mut n, mut steps) = (0, 0);
         let mut walk = self.ring.walk(hash);
         while n < want {
@@ -358,32 +359,40 @@ impl Cluster {
             if !usable(peer) {
                 continue;
             }
-            let warm = n == 0 || self.warm.is_warm(hash, peer.serial());
-            let cost = balance.cost.estimate(&peer.pricing(warm), prompt_tokens);
-            priced[n] = ((cost * 1000.0).round() as u64, idx, n, warm);
+            // The primary holds the key by construction until the record says it moved.
+            let hit = match holders.of(peer.serial()) {
+                Held::Latest => WARM_HIT,
+                Held::No if n == 0 && holders.is_empty() => WARM_HIT,
+                Held::Earlier => EARLIER_HIT,
+                Held::No if n == 0 => EARLIER_HIT,
+                Held::No => 0.0,
+            };
+            let cost = balance.cost.estimate(&peer.pricing(hit), prompt_tokens);
+            priced[n] = ((cost * 1000.0).round() as u64, idx, n, hit);
             n += 1;
         }
         let priced = &mut priced[..n];
         priced.sort_unstable_by_key(|&(cost, _, place, _)| (cost, place));
-        for &(_, idx, place, warm) in priced.iter() {
+        for &(_, idx, place, hit) in priced.iter() {
             let peer = &self.peers[idx];
             let Some(mut slot) = peer.try_take(self.bound(balance, peer)) else {
                 continue;
             };
-            slot.expect_prefill(balance.cost.uncached(prompt_tokens, warm));
-            let route = match (place, warm) {
-                (0, _) => Route::Primary,
-                (_, true) => Route::Replica,
-                (_, false) => Route::Overflow,
+            slot.expect_prefill(balance.cost.uncached(prompt_tokens, hit));
+            let route = match place {
+                0 => Route::Primary,
+                _ if hit > 0.0 => Route::Replica,
+                _ => Route::Overflow,
             };
-            if place > 0 {
+            // The primary too, once the key has moved: it may be where it returns.
+            if place > 0 || !holders.is_empty() {
                 self.warm.record(hash, peer.serial());
             }
             return Decision::Routed(Routed { slot, route, steps });
         }
         let take = |p: &Arc<Peer>| {
             let mut slot = p.try_take(self.bound(balance, p))?;
-            slot.expect_prefill(balance.cost.uncached(prompt_tokens, false));
+            slot.expect_prefill(balance.cost.uncached(prompt_tokens, 0.0));
             self.warm.record(hash, p.serial());
             Some(slot)
         };

@@ -16,9 +16,13 @@
 
 use std::time::Duration;
 
-/// The share of a prompt a peer holding its key's prefix is expected to find cached: all of it
-/// but the newest turn, for a conversation that resends its history.
+/// The share of a prompt the peer that served its key last is expected to find cached: all of
+/// it but the newest turn, for a conversation that resends its history.
 pub const WARM_HIT: f64 = 0.9;
+
+/// The share a peer that served the key earlier, and not last, is expected to find: the shared
+/// part and the turns up to then, not those since.
+pub const EARLIER_HIT: f64 = 0.5;
 
 /// How much each other running stream slows a decode step (vLLM on one GPU: about 2%).
 const DECODE_SHARE: f64 = 0.02;
@@ -67,15 +71,15 @@ pub struct Pricing {
     pub prefill_queue: u64,
     /// How long a request streams there after its first byte, on average.
     pub decode: Option<Duration>,
-    /// Whether it holds the key's prefix.
-    pub warm: bool,
+    /// The share of the prompt it is expected to hold (`α`, 0 to 1).
+    pub hit: f64,
 }
 
 impl CostModel {
     /// The expected time to first token, plus what decode will add, of a request with
     /// `prompt_tokens` on a peer in state `p`, in seconds.
     pub fn estimate(&self, p: &Pricing, prompt_tokens: u32) -> f64 {
-        let alpha = if p.warm { WARM_HIT } else { 0.0 };
+        let alpha = p.hit.clamp(0.0, 1.0);
         let running = f64::from(if p.capacity == 0 {
             p.load
         } else {
@@ -102,10 +106,9 @@ impl CostModel {
         self.prefill_tokens_per_sec.max(1.0)
     }
 
-    /// The tokens a request is expected to make the peer prefill.
-    pub fn uncached(&self, prompt_tokens: u32, warm: bool) -> u64 {
-        let share = if warm { 1.0 - WARM_HIT } else { 1.0 };
-        (f64::from(prompt_tokens) * share).ceil() as u64
+    /// The tokens a request is expected to make a peer holding `hit` of it prefill.
+    pub fn uncached(&self, prompt_tokens: u32, hit: f64) -> u64 {
+        (f64::from(prompt_tokens) * (1.0 - hit.clamp(0.0, 1.0))).ceil() as u64
     }
 }
 
@@ -122,7 +125,7 @@ mod tests {
         capacity: 0,
         prefill_queue: 0,
         decode: Some(Duration::from_secs(1)),
-        warm: false,
+        hit: 0.0,
     };
 
     fn model() -> CostModel {
@@ -144,11 +147,15 @@ mod tests {
 
     #[test]
     fn a_warm_peer_prefills_only_the_new_turn() {
-        let warm = Pricing { warm: true, ..IDLE };
+        let warm = Pricing {
+            hit: WARM_HIT,
+            ..IDLE
+        };
         let cost = model().estimate(&warm, 5_000);
         assert!(close(cost, 0.05), "{cost}");
-        assert_eq!(model().uncached(5_000, true), 500);
-        assert_eq!(model().uncached(5_000, false), 5_000);
+        assert_eq!(model().uncached(5_000, WARM_HIT), 500);
+        assert_eq!(model().uncached(5_000, EARLIER_HIT), 2_500);
+        assert_eq!(model().uncached(5_000, 0.0), 5_000);
     }
 
     #[test]
@@ -158,14 +165,17 @@ mod tests {
         let cost = model().estimate(&busy, 5_000);
         assert!(close(cost, 0.5 * 4.0 + 0.02 * 3.0), "{cost}");
         // A warm peer with streams still beats a cold idle one.
-        let warm = Pricing { warm: true, ..busy };
+        let warm = Pricing {
+            hit: WARM_HIT,
+            ..busy
+        };
         assert!(model().estimate(&warm, 5_000) < model().estimate(&IDLE, 5_000));
     }
 
     #[test]
     fn queued_prefill_is_waited_for() {
         let busy = Pricing {
-            warm: true,
+            hit: WARM_HIT,
             prefill_queue: 20_000,
             ..IDLE
         };
@@ -183,7 +193,7 @@ mod tests {
         let full = Pricing {
             load: 8,
             capacity: 8,
-            warm: true,
+            hit: WARM_HIT,
             ..IDLE
         };
         // One ahead of its slot: it waits 1 s / 8 slots.

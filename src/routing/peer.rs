@@ -214,14 +214,14 @@ impl Peer {
         }
     }
 
-    /// What the cost rule believes of the peer now; `warm`: whether it holds the key's prefix.
-    pub fn pricing(&self, warm: bool) -> Pricing {
+    /// What the cost rule believes of the peer now, for a prompt it holds `hit` of.
+    pub fn pricing(&self, hit: f64) -> Pricing {
         Pricing {
             load: self.load(),
             capacity: self.capacity(),
             prefill_queue: self.prefill_queue(),
             decode: self.decode_time(),
-            warm,
+            hit,
         }
     }
 

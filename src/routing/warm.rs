@@ -1,5 +1,6 @@
-//! Which peers other than its primary have recently served a key: the warm replicas of a hot
-//! prefix, which a spill prefers to a cold peer (Preble's idea). The record is a fixed table,
+//! Which peers have recently served a key, and which of them served it last: the warm replicas
+//! of a hot prefix, which a spill prefers to a cold peer (Preble's idea), and the peer a
+//! conversation that spilled moved to, which holds its newest turns. The record is a fixed table,
 //! so its memory is bounded however many keys pass: a key whose entry another key takes is
 //! forgotten, which costs one cold prefill, never a wrong answer.
 //!
@@ -9,13 +10,48 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-/// Peers remembered per key besides its primary.
+/// Peers remembered per key.
 pub const WAYS: usize = 4;
 
-/// How long a peer is believed to keep a key's prefix after it last served it. An engine evicts
-/// by recency under memory pressure, which the balancer cannot see; a minute is what a busy
-/// GPU's cache holds of a prefix that stopped coming, roughly.
-pub const WARM_SECS: u32 = 60;
+/// How long a peer is believed to keep a key's prefix after it last served it, in ticks of
+/// 100 ms (a minute). An engine evicts by recency under memory pressure, which the balancer
+/// cannot see; a minute is what a busy GPU's cache holds of a prefix that stopped coming,
+/// roughly.
+pub const WARM_TICKS: u32 = 600;
+
+/// How a peer holds a key, as far as the record knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// It served the key last: it holds the newest turns.
+    Latest,
+    /// It served the key within the last minute, and another one since.
+    Earlier,
+    No,
+}
+
+/// The fresh ways of one key's entry, as read at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Holders {
+    ways: [(u32, u32); WAYS],
+}
+
+impl Holders {
+    /// Whether the record knows of no peer serving the key lately.
+    pub fn is_empty(&self) -> bool {
+        self.ways.iter().all(|&(serial, _)| serial == 0)
+    }
+
+    pub fn of(&self, peer: u32) -> Held {
+        let Some(&(_, seen)) = self.ways.iter().find(|&&(serial, _)| serial == peer) else {
+            return Held::No;
+        };
+        if self.ways.iter().all(|&(_, other)| other <= seen) {
+            Held::Latest
+        } else {
+            Held::Earlier
+        }
+    }
+}
 
 /// Entries of the table by default: 2^16, about 2.6 MiB.
 pub const DEFAULT_ENTRIES: usize = 1 << 16;
@@ -50,8 +86,9 @@ impl WarmReplicas {
     }
 
     fn now(&self) -> u32 {
-        // Second 0 would read as "never served": the clock starts at 1.
-        self.born.elapsed().as_secs().min(u64::from(u32::MAX - 1)) as u32 + 1
+        // Tick 0 would read as "never served": the clock starts at 1.
+        let ticks = self.born.elapsed().as_millis() / 100;
+        ticks.min(u128::from(u32::MAX - 1)) as u32 + 1
     }
 
     fn entry(&self, key: u64) -> &Entry {
@@ -60,9 +97,9 @@ impl WarmReplicas {
         &self.entries[((key >> 32) % n) as usize]
     }
 
-    /// Whether `peer` (a serial) served `key` in the last [`WARM_SECS`].
-    pub fn is_warm(&self, key: u64, peer: u32) -> bool {
-        self.is_warm_at(key, peer, self.now())
+    /// The peers that served `key` in the last minute.
+    pub fn holders(&self, key: u64) -> Holders {
+        self.holders_at(key, self.now())
     }
 
     /// Notes that `peer` serves `key` now.
@@ -70,15 +107,19 @@ impl WarmReplicas {
         self.record_at(key, peer, self.now());
     }
 
-    fn is_warm_at(&self, key: u64, peer: u32, now: u32) -> bool {
+    fn holders_at(&self, key: u64, now: u32) -> Holders {
+        let mut held = Holders::default();
         let e = self.entry(key);
         if e.key.load(Ordering::Relaxed) != key {
-            return false;
+            return held;
         }
-        e.ways.iter().any(|w| {
+        for (w, out) in e.ways.iter().zip(&mut held.ways) {
             let (serial, seen) = unpack(w.load(Ordering::Relaxed));
-            serial == peer && now.saturating_sub(seen) < WARM_SECS
-        })
+            if serial != 0 && now.saturating_sub(seen) < WARM_TICKS {
+                *out = (serial, seen);
+            }
+        }
+        held
     }
 
     fn record_at(&self, key: u64, peer: u32, now: u32) {
@@ -120,16 +161,37 @@ fn unpack(way: u64) -> (u32, u32) {
 mod tests {
     use super::*;
 
+    fn held(w: &WarmReplicas, key: u64, peer: u32, now: u32) -> Held {
+        w.holders_at(key, now).of(peer)
+    }
+
     #[test]
     fn a_served_peer_is_warm_until_it_ages_out() {
         let w = WarmReplicas::with_entries(8);
-        assert!(!w.is_warm_at(42, 7, 1));
+        assert!(w.holders_at(42, 1).is_empty());
         w.record_at(42, 7, 10);
-        assert!(w.is_warm_at(42, 7, 10));
-        assert!(w.is_warm_at(42, 7, 10 + WARM_SECS - 1));
-        assert!(!w.is_warm_at(42, 7, 10 + WARM_SECS));
-        assert!(!w.is_warm_at(42, 8, 10), "only the peer that served it");
-        assert!(!w.is_warm_at(43, 7, 10), "only the key it served");
+        assert_eq!(held(&w, 42, 7, 10), Held::Latest);
+        assert_eq!(held(&w, 42, 7, 10 + WARM_TICKS - 1), Held::Latest);
+        assert_eq!(held(&w, 42, 7, 10 + WARM_TICKS), Held::No);
+        assert!(w.holders_at(42, 10 + WARM_TICKS).is_empty());
+        assert_eq!(
+            held(&w, 42, 8, 10),
+            Held::No,
+            "only the peer that served it"
+        );
+        assert_eq!(held(&w, 43, 7, 10), Held::No, "only the key it served");
+    }
+
+    #[test]
+    fn the_last_server_holds_the_newest_turns() {
+        let w = WarmReplicas::with_entries(8);
+        w.record_at(42, 1, 5);
+        w.record_at(42, 2, 6);
+        assert_eq!(held(&w, 42, 2, 6), Held::Latest);
+        assert_eq!(held(&w, 42, 1, 6), Held::Earlier);
+        w.record_at(42, 1, 7);
+        assert_eq!(held(&w, 42, 1, 7), Held::Latest);
+        assert_eq!(held(&w, 42, 2, 7), Held::Earlier);
     }
 
     #[test]
@@ -139,14 +201,15 @@ mod tests {
             w.record_at(42, peer, at);
         }
         w.record_at(42, 5, 10);
-        assert!(!w.is_warm_at(42, 2, 10), "served at 3, the oldest");
+        assert_eq!(held(&w, 42, 2, 10), Held::No, "served at 3, the oldest");
         for peer in [1, 3, 4, 5] {
-            assert!(w.is_warm_at(42, peer, 10), "peer {peer}");
+            assert_ne!(held(&w, 42, peer, 10), Held::No, "peer {peer}");
         }
         // Serving again refreshes the way rather than taking another.
         w.record_at(42, 1, 11);
         w.record_at(42, 6, 12);
-        assert!(w.is_warm_at(42, 1, 12) && !w.is_warm_at(42, 4, 12));
+        assert_ne!(held(&w, 42, 1, 12), Held::No);
+        assert_eq!(held(&w, 42, 4, 12), Held::No);
     }
 
     #[test]
@@ -154,10 +217,11 @@ mod tests {
         let w = WarmReplicas::with_entries(1);
         w.record_at(1 << 32, 7, 1);
         w.record_at(2 << 32, 8, 1);
-        assert!(!w.is_warm_at(1 << 32, 7, 1));
-        assert!(w.is_warm_at(2 << 32, 8, 1));
-        assert!(
-            !w.is_warm_at(2 << 32, 7, 1),
+        assert!(w.holders_at(1 << 32, 1).is_empty());
+        assert_eq!(held(&w, 2 << 32, 8, 1), Held::Latest);
+        assert_eq!(
+            held(&w, 2 << 32, 7, 1),
+            Held::No,
             "the old key's replica is not the new one's"
         );
     }
