@@ -39,6 +39,7 @@ fn ask(h: u64, tokens: u32) -> Demand {
     Demand {
         hash: Some(h),
         prompt_tokens: tokens,
+        shared: None,
     }
 }
 
@@ -125,6 +126,51 @@ fn a_long_prefill_queue_sends_the_key_to_a_cold_peer_and_it_turns_warm() {
     assert_eq!(settled.route, Route::Primary, "it served the key last");
 }
 
+/// A conversation new to this process, whose system prompt it sent to one peer lately, is
+/// priced there as holding that share of its prompt: it goes there rather than to a cold
+/// primary, and its next turn follows it.
+#[test]
+fn a_new_conversation_goes_where_its_system_prompt_is() {
+    let cluster = Cluster::new(&specs(6, UNLIMITED), RingConfig::default());
+    let system = 0x5157_u64;
+    let ask_shared = |h: u64| Demand {
+        hash: Some(h),
+        prompt_tokens: 10_000,
+        shared: Some((system, 9_500)),
+    };
+    let first = cluster
+        .select(&COST, ask_shared(key(10)), &[])
+        .routed()
+        .unwrap();
+    let holder = Arc::clone(first.slot.peer());
+    assert_eq!(
+        first.route,
+        Route::Primary,
+        "nothing known yet: its own primary"
+    );
+    drop(first);
+    // Another conversation on that system prompt whose walk does not start at the holder.
+    let next = (11..)
+        .map(key)
+        .find(|&k| !Arc::ptr_eq(&walk(&cluster, k)[0], &holder))
+        .unwrap();
+    let r = cluster
+        .select(&COST, ask_shared(next), &[])
+        .routed()
+        .unwrap();
+    assert!(Arc::ptr_eq(r.slot.peer(), &holder), "went cold");
+    assert_eq!(r.route, Route::Replica);
+    drop(r);
+    let turn2 = cluster
+        .select(&COST, ask_shared(next), &[])
+        .routed()
+        .unwrap();
+    assert!(
+        Arc::ptr_eq(turn2.slot.peer(), &holder),
+        "lost its newest turns"
+    );
+}
+
 #[test]
 fn a_full_engine_is_priced_by_its_queue() {
     let cluster = Cluster::new(&specs(3, UNLIMITED), RingConfig::default());
@@ -142,7 +188,10 @@ fn a_full_engine_is_priced_by_its_queue() {
         .find(|&k| Arc::ptr_eq(&walk(&cluster, k)[0], &peers[0]))
         .unwrap();
     drop(held);
-    let r = cluster.select(&COST, ask(other, 1_000), &[]).routed().unwrap();
+    let r = cluster
+        .select(&COST, ask(other, 1_000), &[])
+        .routed()
+        .unwrap();
     assert!(Arc::ptr_eq(r.slot.peer(), &peers[0]));
 }
 

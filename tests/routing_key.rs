@@ -41,6 +41,30 @@ fn conversation(system: &str, first: &str, turns: usize) -> String {
     serde_json::json!({"model": "llama-3-8b", "stream": true, "messages": messages}).to_string()
 }
 
+/// Conversations that share a system prompt share the prefix of their keys before the first
+/// user message: where that prefix went is where a new one finds its system prompt cached.
+#[test]
+fn conversations_on_one_system_prompt_share_a_prefix() {
+    let system = "Answer from the attached contract. ".repeat(200);
+    let a = full_key(CHAT, &conversation(&system, "Who pays the deposit?", 1));
+    let a5 = full_key(CHAT, &conversation(&system, "Who pays the deposit?", 5));
+    let b = full_key(CHAT, &conversation(&system, "When does it end?", 1));
+    let other = full_key(CHAT, &conversation("Another contract.", "Who pays?", 1));
+    let shared = a.shared.expect("a system prompt is a shared prefix");
+    assert_ne!(a.hash, b.hash);
+    assert_eq!(b.shared, Some(shared));
+    assert_eq!(a5.shared, Some(shared));
+    assert_ne!(other.shared.map(|s| s.hash), Some(shared.hash));
+    // It encodes the system message: its text and a few bytes of framing.
+    assert!((system.len() as u64..system.len() as u64 + 32).contains(&shared.bytes));
+    // A conversation that opens with the user shares nothing; nor does a completions prompt,
+    // whose key is its shared part.
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "hi"}]}).to_string();
+    assert_eq!(full_key(CHAT, &body).shared, None);
+    let body = serde_json::json!({"prompt": system}).to_string();
+    assert_eq!(full_key("/v1/completions", &body).shared, None);
+}
+
 #[test]
 fn chat_key_is_stable_across_turns_and_differs_across_conversations() {
     let system = "You are a careful clinical assistant. ".repeat(40);

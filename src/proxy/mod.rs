@@ -27,7 +27,7 @@ use crate::control::shared_load::SharedLoad;
 use crate::lifecycle::Activity;
 use crate::metrics;
 use crate::router::Router;
-use crate::routing::{is_peer_fault, Decision, Demand, Peer, Rejection};
+use crate::routing::{is_peer_fault, Decision, Peer, Rejection};
 use crate::settings::ProxySettings;
 use ctx::RequestCtx;
 use error::{status_for, ApiError};
@@ -192,7 +192,7 @@ impl ProxyHttp for PrefixLb {
                 .key_without_body(&session.req_header().headers, client_ip(session))
         };
         ctx.key = Some(key);
-        ctx.demand = Demand::new(key.hash, body_bytes);
+        ctx.demand = key.demand(body_bytes);
         metrics::KEY_SOURCES
             .with_label_values(&[key.source.as_str()])
             .inc();

@@ -250,9 +250,7 @@ impl Cluster {
                 let bounded = |p: &Arc<Peer>| p.try_take(self.bound(balance, p));
                 self.walk_select(self.ring.walk(h), 0, usable, bounded)
             }
-            (Policy::LeastCost, Some(h)) => {
-                self.least_cost(balance, h, demand.prompt_tokens, usable)
-            }
+            (Policy::LeastCost, Some(h)) => self.least_cost(balance, h, demand, usable),
             (Policy::RoundRobin, _) => self.round_robin(usable),
             (Policy::LeastInFlight, _) | (_, None) => self.least_in_flight(usable),
         }
@@ -334,45 +332,98 @@ impl Cluster {
         }
     }
 
-    /// Prices the first usable peers of the key's walk and takes the cheapest one under its
-    /// bound; when all of those are at theirs, the first peer further on with room. Ties go to
-    /// the earlier peer of the walk, so processes that see the same loads choose alike.
+    /// Prices the first usable peers of the key's walk, the peers that served the key lately
+    /// and, for a key it has not seen, those that served its shared prefix, and takes the
+    /// cheapest one under its bound;
+    /// when all of those are at theirs, the first peer further on with room. Ties go to the
+    /// earlier peer of the walk, so processes that see the same loads choose alike.
     fn least_cost(
         &self,
         balance: &Balance,
         hash: u64,
-        prompt_tokens: u32,
+        demand: Demand,
         usable: impl Fn(&Arc<Peer>) -> bool,
     ) -> Decision {
+        let prompt_tokens = demand.prompt_tokens;
         let want = balance.cost.candidates.clamp(1, MAX_CANDIDATES) as usize;
-        // (cost in whole milliseconds, ring index, place among the priced, share held). Costs
-        // are compared to the millisecond: finer differences are noise of each process's
-        // learned stream times, and would break ties that processes should break alike.
-        let mut priced = [(0u64, 0, 0, 0.0); MAX_CANDIDATES as usize];
         let holders = self.warm.holders(hash);
+        // A conversation this process has not seen whose system prompt it has sent somewhere:
+        // the peers it went to hold that share of this prompt.
+        let shared = demand
+            .shared
+            .filter(|_| holders.is_empty())
+            .map(|(h, tokens)| {
+                let share = f64::from(tokens) / f64::from(prompt_tokens.max(1));
+                (h, self.warm.holders(h), share.min(WARM_HIT))
+            });
+        let knows_shared = shared.is_some_and(|(_, held, _)| !held.is_empty());
+        let hit_of = |first: bool, peer: &Peer| {
+            let own = match holders.of(peer.serial()) {
+                Held::Latest => WARM_HIT,
+                Held::Earlier => EARLIER_HIT,
+                // The primary holds the key by construction, until the record says it moved or
+                // knows where its shared part went.
+                Held::No if first && holders.is_empty() && !knows_shared => WARM_HIT,
+                Held::No if first && !holders.is_empty() => EARLIER_HIT,
+                Held::No => 0.0,
+            };
+            let via_shared = match shared {
+                Some((_, held, share)) if held.of(peer.serial()) != Held::No => share,
+                _ => 0.0,
+            };
+            f64::max(own, via_shared)
+        };
+        let mut candidates = [0usize; MAX_CANDIDATES as usize];
         let (mut n, mut steps) = (0, 0);
         let mut walk = self.ring.walk(hash);
         while n < want {
             let Some(idx) = walk.next() else { break };
             steps += 1;
-            let peer = &self.peers[idx];
-            if !usable(peer) {
-                continue;
+            if usable(&self.peers[idx]) {
+                candidates[n] = idx;
+                n += 1;
             }
-            // The primary holds the key by construction until the record says it moved.
-            let hit = match holders.of(peer.serial()) {
-                Held::Latest => WARM_HIT,
-                Held::No if n == 0 && holders.is_empty() => WARM_HIT,
-                Held::Earlier => EARLIER_HIT,
-                Held::No if n == 0 => EARLIER_HIT,
-                Held::No => 0.0,
-            };
+        }
+        // The peers that hold the key, or its shared part, are priced wherever they are on
+        // the walk: a key that moved may have moved past its first peers.
+        let holds = |peer: &Peer| {
+            holders.of(peer.serial()) != Held::No
+                || shared.is_some_and(|(_, held, _)| held.of(peer.serial()) != Held::No)
+        };
+        if !holders.is_empty() || knows_shared {
+            for (idx, peer) in self.peers.iter().enumerate() {
+                if n < candidates.len()
+                    && holds(peer)
+                    && usable(peer)
+                    && !candidates[..n].contains(&idx)
+                {
+                    candidates[n] = idx;
+                    n += 1;
+                }
+            }
+        }
+        // (cost in whole milliseconds, ring index, place among the priced, share held). Costs
+        // are compared to the millisecond: finer differences are noise of each process's
+        // learned stream times, and would break ties that processes should break alike.
+        let mut priced = [(0u64, 0, 0, 0.0); MAX_CANDIDATES as usize];
+        for (place, &idx) in candidates[..n].iter().enumerate() {
+            let peer = &self.peers[idx];
+            let hit = hit_of(place == 0, peer);
             let cost = balance.cost.estimate(&peer.pricing(hit), prompt_tokens);
-            priced[n] = ((cost * 1000.0).round() as u64, idx, n, hit);
-            n += 1;
+            priced[place] = ((cost * 1000.0).round() as u64, idx, place, hit);
         }
         let priced = &mut priced[..n];
         priced.sort_unstable_by_key(|&(cost, _, place, _)| (cost, place));
+        let record = |peer: &Peer, moved: bool| {
+            // The primary too, once the key has moved or was placed by its shared part: it
+            // may be where it returns.
+            if moved || !holders.is_empty() || shared.is_some() {
+                self.warm.record(hash, peer.serial());
+            }
+            if let Some((h, _, _)) = shared {
+                self.warm.record(h, peer.serial());
+            }
+        };
         for &(_, idx, place, hit) in priced.iter() {
             let peer = &self.peers[idx];
             let Some(mut slot) = peer.try_take(self.bound(balance, peer)) else {
@@ -384,21 +435,19 @@ impl Cluster {
                 _ if hit > 0.0 => Route::Replica,
                 _ => Route::Overflow,
             };
-            // The primary too, once the key has moved: it may be where it returns.
-            if place > 0 || !holders.is_empty() {
-                self.warm.record(hash, peer.serial());
-            }
+            record(peer, place > 0);
             return Decision::Routed(Routed { slot, route, steps });
         }
         let take = |p: &Arc<Peer>| {
             let mut slot = p.try_take(self.bound(balance, p))?;
             slot.expect_prefill(balance.cost.uncached(prompt_tokens, 0.0));
-            self.warm.record(hash, p.serial());
+            record(p, true);
             Some(slot)
         };
-        match self.walk_select(walk, n as u32, usable, take) {
+        let seen = priced.len() as u32;
+        match self.walk_select(walk, seen, usable, take) {
             Decision::Routed(r) => Decision::Routed(Routed {
-                steps: steps + r.steps - n as u32,
+                steps: steps + r.steps - seen,
                 ..r
             }),
             other => other,

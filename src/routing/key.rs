@@ -19,6 +19,7 @@ use http::{HeaderMap, HeaderName, Method};
 use jiter::{Jiter, JiterError, JiterErrorType, JsonErrorType};
 
 use super::hash::KeyEncoder;
+use super::policy::{Demand, CHARS_PER_TOKEN};
 use super::prompt::{is_cut, scan, PromptField};
 
 pub const DEFAULT_SESSION_HEADER: &str = "x-session-id";
@@ -124,6 +125,28 @@ pub struct RoutingKey {
     pub hash: Option<u64>,
     pub source: KeySource,
     pub fallback: Option<FallbackReason>,
+    /// The part of a chat key before its first user message (the system prompt), which other
+    /// conversations may share.
+    pub shared: Option<SharedPrefix>,
+}
+
+impl RoutingKey {
+    /// What a request with this key and a body `body_bytes` long asks of the cluster.
+    pub fn demand(&self, body_bytes: usize) -> Demand {
+        let tokens = |bytes: u64| (bytes / CHARS_PER_TOKEN as u64).min(u64::from(u32::MAX)) as u32;
+        Demand {
+            hash: self.hash,
+            prompt_tokens: tokens(body_bytes as u64),
+            shared: self.shared.map(|s| (s.hash, tokens(s.bytes))),
+        }
+    }
+}
+
+/// A prefix of a key that other keys may share: its hash and how many bytes it encodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedPrefix {
+    pub hash: u64,
+    pub bytes: u64,
 }
 
 /// How much more of the body may follow the bytes given.
@@ -210,10 +233,11 @@ impl KeyExtractor {
             return Extract::Key(self.key_without_body(req.headers, req.client));
         };
         match self.body_key(kind, req.body, req.end) {
-            Ok(hash) => Extract::Key(RoutingKey {
+            Ok((hash, shared)) => Extract::Key(RoutingKey {
                 hash: Some(hash),
                 source: kind.source(),
                 fallback: None,
+                shared,
             }),
             Err(Cut::NeedMore) => Extract::NeedMore,
             Err(Cut::Fallback(reason)) => Extract::Key(self.fallback(req.client, reason)),
@@ -231,6 +255,7 @@ impl KeyExtractor {
             hash: Some(enc.finish()),
             source: KeySource::SessionHeader,
             fallback: None,
+            shared: None,
         })
     }
 
@@ -254,10 +279,16 @@ impl KeyExtractor {
                 KeySource::None
             },
             fallback: Some(reason),
+            shared: None,
         }
     }
 
-    fn body_key(&self, kind: BodyKind, body: &[u8], end: BodyEnd) -> Result<u64, Cut> {
+    fn body_key(
+        &self,
+        kind: BodyKind,
+        body: &[u8],
+        end: BodyEnd,
+    ) -> Result<(u64, Option<SharedPrefix>), Cut> {
         if body.iter().all(u8::is_ascii_whitespace) {
             return Err(match end {
                 BodyEnd::More => Cut::NeedMore,
@@ -279,8 +310,14 @@ impl KeyExtractor {
                 PromptField::Text("text", self.config.prefix_chars),
             ),
         };
+        let done = |enc: &KeyEncoder| {
+            let shared = enc
+                .marked()
+                .map(|(hash, bytes)| SharedPrefix { hash, bytes });
+            (enc.finish(), shared)
+        };
         match scan {
-            Ok(true) => Ok(enc.finish()),
+            Ok(true) => Ok(done(&enc)),
             Ok(false) => Err(Cut::Fallback(FallbackReason::NoPrompt)),
             // Which error the parser meets first in a broken body can change as more of it
             // arrives (a bad byte early on, or a cut escape later), and a body that falls back
@@ -288,7 +325,7 @@ impl KeyExtractor {
             // once, when it has all arrived or the window is full.
             Err(_) if end == BodyEnd::More => Err(Cut::NeedMore),
             Err(e) if is_cut(&e, body.len()) => match end {
-                BodyEnd::Limit if !enc.is_empty() => Ok(enc.finish()),
+                BodyEnd::Limit if !enc.is_empty() => Ok(done(&enc)),
                 BodyEnd::Limit => Err(Cut::Fallback(FallbackReason::PeekLimit)),
                 // A body that has all arrived and breaks off.
                 BodyEnd::Complete | BodyEnd::More => {

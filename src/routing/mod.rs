@@ -70,7 +70,7 @@ pub use cluster::Cluster;
 pub use cost::{CostModel, Pricing};
 pub use key::{
     BodyEnd, BodyKind, Extract, Fallback, FallbackReason, KeyConfig, KeyExtractor, KeySource,
-    RequestParts, RoutingKey,
+    RequestParts, RoutingKey, SharedPrefix,
 };
 pub use outlier::{is_peer_fault, OutlierPolicy};
 pub use peer::{

@@ -66,26 +66,18 @@ impl Default for Balance {
     }
 }
 
-/// What a request asks of the cluster: its key's point on the ring, if it has a key, and the
-/// size of its prompt.
+/// What a request asks of the cluster: its key's point on the ring, if it has a key, the size
+/// of its prompt, and the prefix of its key that other keys share (a system prompt).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Demand {
     pub hash: Option<u64>,
     pub prompt_tokens: u32,
+    /// The shared prefix's hash and size in tokens.
+    pub shared: Option<(u64, u32)>,
 }
 
 /// Characters of text per token: OpenAI's rule of thumb for English, near enough for pricing.
 pub const CHARS_PER_TOKEN: usize = 4;
-
-impl Demand {
-    /// A request with key `hash` whose body is `body_bytes` long.
-    pub fn new(hash: Option<u64>, body_bytes: usize) -> Self {
-        Self {
-            hash,
-            prompt_tokens: (body_bytes / CHARS_PER_TOKEN).min(u32::MAX as usize) as u32,
-        }
-    }
-}
 
 impl From<Option<u64>> for Demand {
     /// A request with no prompt to price.
@@ -93,6 +85,7 @@ impl From<Option<u64>> for Demand {
         Self {
             hash,
             prompt_tokens: 0,
+            shared: None,
         }
     }
 }

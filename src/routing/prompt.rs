@@ -106,13 +106,16 @@ pub fn scan(body: &[u8], enc: &mut KeyEncoder, prompt: PromptField) -> Result<bo
     Ok(false)
 }
 
-/// Encodes messages up to the first `user` one, or all of them when none is.
+/// Encodes messages up to the first `user` one, or all of them when none is. The encoder is
+/// marked before each message, so that the mark ends before the first user message: the part
+/// that conversations sharing a system prompt share.
 fn scan_messages(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<(), JiterError> {
     let mut next = j.next_array()?;
     while let Some(peek) = next {
         if peek != Peek::Object {
             return Err(wrong_shape(j));
         }
+        enc.mark();
         if scan_message(j, enc)? {
             return Ok(());
         }
