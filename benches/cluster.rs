@@ -357,7 +357,7 @@ impl Router {
                 policy, replicas, ..
             } => {
                 let config = format!(
-                    "{}routing: {{policy: {policy}, prefill_tokens_per_second: {PREFILL_TOKENS_PER_SEC}}}\nhealth_check: {{enabled: false}}\nengine_metrics: {{enabled: true}}\n",
+                    "{}routing: {{policy: {policy}, prefill_tokens_per_second: {PREFILL_TOKENS_PER_SEC}, lb_replicas: {replicas}}}\nhealth_check: {{enabled: false}}\nengine_metrics: {{enabled: true}}\n",
                     peers_yaml_at(gpus.iter().copied(), Some(MAX_IN_FLIGHT))
                 );
                 let mut proxies = Vec::new();

@@ -169,6 +169,24 @@ fn a_new_conversation_goes_where_its_system_prompt_is() {
         Arc::ptr_eq(turn2.slot.peer(), &holder),
         "lost its newest turns"
     );
+    // One of several processes cannot tell a new conversation from one another process sent
+    // to its primary: it sends it there.
+    let replicas = Balance {
+        cost: CostModel {
+            lb_replicas: 2,
+            ..CostModel::DEFAULT
+        },
+        ..COST
+    };
+    let third = (1_000..)
+        .map(key)
+        .find(|&k| !Arc::ptr_eq(&walk(&cluster, k)[0], &holder))
+        .unwrap();
+    let r = cluster
+        .select(&replicas, ask_shared(third), &[])
+        .routed()
+        .unwrap();
+    assert_eq!(r.route, Route::Primary);
 }
 
 #[test]

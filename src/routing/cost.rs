@@ -45,12 +45,17 @@ pub struct CostModel {
     /// Distinct eligible peers of the key's walk priced, the primary first (1 to
     /// [`MAX_CANDIDATES`]).
     pub candidates: u32,
+    /// The prefixlb processes in front of the same peers. With one, a key this process has not
+    /// seen is new, and goes where its shared prefix is; with more, another may have sent it
+    /// to its primary, and the primary is priced as holding it.
+    pub lb_replicas: u32,
 }
 
 impl CostModel {
     pub const DEFAULT: CostModel = CostModel {
         prefill_tokens_per_sec: DEFAULT_PREFILL_TOKENS_PER_SEC,
         candidates: DEFAULT_CANDIDATES,
+        lb_replicas: 1,
     };
 }
 
@@ -131,7 +136,7 @@ mod tests {
     fn model() -> CostModel {
         CostModel {
             prefill_tokens_per_sec: 10_000.0,
-            candidates: 3,
+            ..CostModel::DEFAULT
         }
     }
 
