@@ -18,6 +18,10 @@ use super::policy::{Balance, BoundInputs, Decision, Demand, Policy, Route, Route
 use super::ring::{Ring, RingConfig};
 use super::warm::{Held, WarmReplicas};
 
+/// How much cheaper than the primary another peer must be to take a request from it: less is
+/// the noise of learned times and of tiny prompts, and moving a key for it costs a prefill.
+pub const SPILL_MARGIN_MS: u64 = 5;
+
 #[derive(Debug)]
 pub struct Cluster {
     ring: Ring,
@@ -26,7 +30,7 @@ pub struct Cluster {
     /// Removed peers whose last requests are still running; a peer added back resumes them.
     retired: Vec<Weak<Peer>>,
     load: Arc<ClusterLoad>,
-    /// Which peers besides its primary served a key lately; kept across rebuilds.
+    /// Which peers served a key, or a key's shared part, lately; kept across rebuilds.
     warm: Arc<WarmReplicas>,
     eligible_weight: AtomicU64,
     /// Peers that carry requests but take no new ones (draining, down, ejected, removed): the
@@ -216,7 +220,10 @@ impl Cluster {
             .filter(|p| p.eligible())
             .map(|p| u64::from(p.weight()))
             .sum();
-        self.eligible_weight.store(w, Ordering::Relaxed);
+        // A peer came back (or joined): the keys that moved while it was out go home.
+        if self.eligible_weight.swap(w, Ordering::Relaxed) < w {
+            self.warm.forget();
+        }
         let left_out: Vec<Arc<Peer>> = self
             .peers
             .iter()
@@ -334,9 +341,10 @@ impl Cluster {
 
     /// Prices the first usable peers of the key's walk, the peers that served the key lately
     /// and, for a key it has not seen, those that served its shared prefix, and takes the
-    /// cheapest one under its bound;
-    /// when all of those are at theirs, the first peer further on with room. Ties go to the
-    /// earlier peer of the walk, so processes that see the same loads choose alike.
+    /// cheapest one under its bound; when all of those are at theirs, the first peer further
+    /// on with room. Another peer wins over the primary only by more than [`SPILL_MARGIN_MS`],
+    /// and ties go to the earlier peer of the walk, so that processes that see the same loads
+    /// choose alike and noise does not move keys.
     fn least_cost(
         &self,
         balance: &Balance,
@@ -413,7 +421,8 @@ impl Cluster {
             let peer = &self.peers[idx];
             let hit = hit_of(place == 0, peer);
             let cost = balance.cost.estimate(&peer.pricing(hit), prompt_tokens);
-            priced[place] = ((cost * 1000.0).round() as u64, idx, place, hit);
+            let margin = if place == 0 { 0 } else { SPILL_MARGIN_MS };
+            priced[place] = ((cost * 1000.0).round() as u64 + margin, idx, place, hit);
         }
         let priced = &mut priced[..n];
         priced.sort_unstable_by_key(|&(cost, _, place, _)| (cost, place));

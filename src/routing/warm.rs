@@ -7,7 +7,7 @@
 //! It holds hints, not facts: entries are plain atomics without a lock, so two keys racing for
 //! one entry may leave it mixed. The worst outcome is one spill priced as warm that was not.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Peers remembered per key.
@@ -67,6 +67,9 @@ struct Entry {
 pub struct WarmReplicas {
     entries: Box<[Entry]>,
     born: Instant,
+    /// What was recorded before this tick is forgotten (see [`WarmReplicas::forget`]); what
+    /// came in the same tick, before or after, is kept: 100 ms of inexactness.
+    floor: AtomicU32,
 }
 
 impl Default for WarmReplicas {
@@ -82,6 +85,7 @@ impl WarmReplicas {
         Self {
             entries: std::iter::repeat_with(Entry::default).take(n).collect(),
             born: Instant::now(),
+            floor: AtomicU32::new(0),
         }
     }
 
@@ -107,15 +111,26 @@ impl WarmReplicas {
         self.record_at(key, peer, self.now());
     }
 
+    /// Forgets everything recorded so far: a peer back in service gets its keys back from
+    /// where they moved while it was out, as consistent hashing promises.
+    pub fn forget(&self) {
+        self.forget_at(self.now());
+    }
+
+    fn forget_at(&self, now: u32) {
+        self.floor.fetch_max(now, Ordering::Relaxed);
+    }
+
     fn holders_at(&self, key: u64, now: u32) -> Holders {
         let mut held = Holders::default();
+        let floor = self.floor.load(Ordering::Relaxed);
         let e = self.entry(key);
         if e.key.load(Ordering::Relaxed) != key {
             return held;
         }
         for (w, out) in e.ways.iter().zip(&mut held.ways) {
             let (serial, seen) = unpack(w.load(Ordering::Relaxed));
-            if serial != 0 && now.saturating_sub(seen) < WARM_TICKS {
+            if serial != 0 && seen >= floor && now.saturating_sub(seen) < WARM_TICKS {
                 *out = (serial, seen);
             }
         }
@@ -210,6 +225,17 @@ mod tests {
         w.record_at(42, 6, 12);
         assert_ne!(held(&w, 42, 1, 12), Held::No);
         assert_eq!(held(&w, 42, 4, 12), Held::No);
+    }
+
+    #[test]
+    fn forgetting_drops_what_came_before() {
+        let w = WarmReplicas::with_entries(8);
+        w.record_at(42, 7, 9);
+        w.forget_at(10);
+        assert!(w.holders_at(42, 11).is_empty());
+        w.record_at(42, 8, 11);
+        assert_eq!(held(&w, 42, 8, 11), Held::Latest);
+        assert_eq!(held(&w, 42, 7, 11), Held::No);
     }
 
     #[test]
