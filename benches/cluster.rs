@@ -281,32 +281,44 @@ enum Router {
         policy: &'static str,
         replicas: usize,
         header: bool,
+        /// `routing.shared_prefix_placement`.
+        placement: bool,
     },
     Vllm(&'static str),
     Sglang(&'static str),
     Haproxy(&'static str),
 }
 
-const ROUTERS: [Router; 9] = [
+const ROUTERS: [Router; 10] = [
     Router::Prefixlb {
         policy: "least_cost",
         replicas: 1,
         header: false,
+        placement: false,
+    },
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: 1,
+        header: false,
+        placement: true,
     },
     Router::Prefixlb {
         policy: "least_cost",
         replicas: 1,
         header: true,
+        placement: false,
     },
     Router::Prefixlb {
         policy: "least_cost",
         replicas: REPLICAS,
         header: false,
+        placement: false,
     },
     Router::Prefixlb {
         policy: "bounded_consistent_hash",
         replicas: 1,
         header: false,
+        placement: false,
     },
     Router::Vllm("sticky_least_loaded"),
     Router::Vllm("consistent_hash"),
@@ -322,8 +334,14 @@ impl Router {
                 policy,
                 replicas,
                 header,
+                placement,
             } => {
                 let key = if header { ", session header" } else { "" };
+                let key = if placement {
+                    format!("{key}, shared-prefix placement")
+                } else {
+                    key.to_owned()
+                };
                 let n = if replicas > 1 {
                     format!(" ×{replicas}")
                 } else {
@@ -354,10 +372,13 @@ impl Router {
     async fn start(self, gpus: &[SocketAddr]) -> Result<(Vec<SocketAddr>, Running), String> {
         match self {
             Router::Prefixlb {
-                policy, replicas, ..
+                policy,
+                replicas,
+                placement,
+                ..
             } => {
                 let config = format!(
-                    "{}routing: {{policy: {policy}, prefill_tokens_per_second: {PREFILL_TOKENS_PER_SEC}, lb_replicas: {replicas}}}\nhealth_check: {{enabled: false}}\nengine_metrics: {{enabled: true}}\n",
+                    "{}routing: {{policy: {policy}, prefill_tokens_per_second: {PREFILL_TOKENS_PER_SEC}, shared_prefix_placement: {placement}}}\nhealth_check: {{enabled: false}}\nengine_metrics: {{enabled: true}}\n",
                     peers_yaml_at(gpus.iter().copied(), Some(MAX_IN_FLIGHT))
                 );
                 let mut proxies = Vec::new();
@@ -659,6 +680,7 @@ fn verdict(shape: Shape, results: &[&RunResult]) -> Vec<String> {
                 policy: "least_cost",
                 replicas: 1,
                 header: false,
+                placement: false,
             }
     });
     let many = results

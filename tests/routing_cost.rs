@@ -13,6 +13,14 @@ const COST: Balance = Balance {
     cost: CostModel::DEFAULT,
 };
 
+const PLACED: Balance = Balance {
+    cost: CostModel {
+        shared_prefix_placement: true,
+        ..CostModel::DEFAULT
+    },
+    ..COST
+};
+
 fn specs(n: usize, max_in_flight: u32) -> Vec<PeerSpec> {
     (0..n)
         .map(|i| PeerSpec {
@@ -126,7 +134,8 @@ fn a_long_prefill_queue_sends_the_key_to_a_cold_peer_and_it_turns_warm() {
     assert_eq!(settled.route, Route::Primary, "it served the key last");
 }
 
-/// A conversation new to this process, whose system prompt it sent to one peer lately, is
+/// With shared-prefix placement, a conversation new to this process, whose system prompt it
+/// sent to one peer lately, is
 /// priced there as holding that share of its prompt: it goes there rather than to a cold
 /// primary, and its next turn follows it.
 #[test]
@@ -139,7 +148,7 @@ fn a_new_conversation_goes_where_its_system_prompt_is() {
         shared: Some((system, 9_500)),
     };
     let first = cluster
-        .select(&COST, ask_shared(key(10)), &[])
+        .select(&PLACED, ask_shared(key(10)), &[])
         .routed()
         .unwrap();
     let holder = Arc::clone(first.slot.peer());
@@ -155,29 +164,23 @@ fn a_new_conversation_goes_where_its_system_prompt_is() {
         .find(|&k| !Arc::ptr_eq(&walk(&cluster, k)[0], &holder))
         .unwrap();
     let r = cluster
-        .select(&COST, ask_shared(next), &[])
+        .select(&PLACED, ask_shared(next), &[])
         .routed()
         .unwrap();
     assert!(Arc::ptr_eq(r.slot.peer(), &holder), "went cold");
     assert_eq!(r.route, Route::Replica);
     drop(r);
     let turn2 = cluster
-        .select(&COST, ask_shared(next), &[])
+        .select(&PLACED, ask_shared(next), &[])
         .routed()
         .unwrap();
     assert!(
         Arc::ptr_eq(turn2.slot.peer(), &holder),
         "lost its newest turns"
     );
-    // One of several processes cannot tell a new conversation from one another process sent
-    // to its primary: it sends it there.
-    let replicas = Balance {
-        cost: CostModel {
-            lb_replicas: 2,
-            ..CostModel::DEFAULT
-        },
-        ..COST
-    };
+    // Without shared-prefix placement (the default: another process may have sent a new
+    // conversation to its primary) it goes to its own primary.
+    let replicas = COST;
     let third = (1_000..)
         .map(key)
         .find(|&k| !Arc::ptr_eq(&walk(&cluster, k)[0], &holder))

@@ -159,7 +159,6 @@ fn router(r: &schema::Routing, o: &schema::Outlier) -> Result<RouterSettings, Co
             format!("must be from 1 to {MAX_CANDIDATES}"),
         ));
     }
-    at_least_one("routing.lb_replicas", r.lb_replicas.into())?;
     let base_ejection = millis("outlier.base_ejection_ms", o.base_ejection_ms)?;
     if o.max_ejection_ms < o.base_ejection_ms {
         return Err(ConfigError::new(
@@ -175,7 +174,7 @@ fn router(r: &schema::Routing, o: &schema::Outlier) -> Result<RouterSettings, Co
             cost: CostModel {
                 prefill_tokens_per_sec: rate,
                 candidates: r.candidates,
-                lb_replicas: r.lb_replicas,
+                shared_prefix_placement: r.shared_prefix_placement,
             },
         },
         ring: RingConfig {

@@ -97,8 +97,8 @@ pub struct Routing {
     pub prefill_tokens_per_second: f64,
     /// How many peers of a key's walk `least_cost` prices, its own first.
     pub candidates: u32,
-    /// How many prefixlb processes are in front of the same peers.
-    pub lb_replicas: u32,
+    /// Whether a conversation new to this process goes where its system prompt went.
+    pub shared_prefix_placement: bool,
     pub vnodes_per_weight: u32,
     /// How much of a prompt-carrying body is read, at most, to find its key.
     pub peek_limit_bytes: usize,
@@ -115,7 +115,7 @@ impl Default for Routing {
             balance_factor: balance.balance_factor,
             prefill_tokens_per_second: balance.cost.prefill_tokens_per_sec,
             candidates: balance.cost.candidates,
-            lb_replicas: balance.cost.lb_replicas,
+            shared_prefix_placement: balance.cost.shared_prefix_placement,
             vnodes_per_weight: RingConfig::default().vnodes_per_weight,
             peek_limit_bytes: PeekLimits::default().peek_limit,
             peek_timeout_ms: ms(PeekLimits::default().deadline),

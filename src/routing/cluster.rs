@@ -365,15 +365,14 @@ impl Cluster {
                 (h, self.warm.holders(h), share.min(WARM_HIT))
             });
         let knows_shared = shared.is_some_and(|(_, held, _)| !held.is_empty());
-        let alone = balance.cost.lb_replicas <= 1;
+        let alone = balance.cost.shared_prefix_placement;
         let hit_of = |first: bool, peer: &Peer| {
             let own = match holders.of(peer.serial()) {
                 Held::Latest => WARM_HIT,
                 Held::Earlier => EARLIER_HIT,
                 // The primary holds the key by construction, until the record says it moved,
-                // or, when this process is the only one in front of these peers, knows where
-                // its shared part went: a key new to the only process is new. (Another
-                // process may have sent it to its primary.)
+                // or, with shared-prefix placement, knows where its shared part went: a key
+                // new to the only process is new. (Another may have sent it to its primary.)
                 Held::No if first && holders.is_empty() && !(alone && knows_shared) => WARM_HIT,
                 Held::No if first && !holders.is_empty() => EARLIER_HIT,
                 Held::No => 0.0,

@@ -45,17 +45,18 @@ pub struct CostModel {
     /// Distinct eligible peers of the key's walk priced, the primary first (1 to
     /// [`MAX_CANDIDATES`]).
     pub candidates: u32,
-    /// The prefixlb processes in front of the same peers. With one, a key this process has not
-    /// seen is new, and goes where its shared prefix is; with more, another may have sent it
-    /// to its primary, and the primary is priced as holding it.
-    pub lb_replicas: u32,
+    /// Whether a key this process has not seen is taken as new, and placed where its shared
+    /// prefix went (right for the only process in front of its peers, whose keys spread by
+    /// hash then no longer); otherwise its primary is priced as holding it, since another
+    /// process may have sent it there, and new keys spread by hash.
+    pub shared_prefix_placement: bool,
 }
 
 impl CostModel {
     pub const DEFAULT: CostModel = CostModel {
         prefill_tokens_per_sec: DEFAULT_PREFILL_TOKENS_PER_SEC,
         candidates: DEFAULT_CANDIDATES,
-        lb_replicas: 1,
+        shared_prefix_placement: false,
     };
 }
 
