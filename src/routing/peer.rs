@@ -385,6 +385,9 @@ pub struct Slot {
     peer: Arc<Peer>,
     /// Tokens this request adds to the peer's prefill queue until its first byte.
     prefill: u64,
+    /// Whether the request carries a prompt: only those time the peer's decode (a model list
+    /// answered at once would pull the mean down).
+    priced: bool,
     /// When the first byte of the answer came, for the peer's decode time.
     since: Option<Instant>,
 }
@@ -394,6 +397,7 @@ impl Slot {
         Self {
             peer: Arc::clone(peer),
             prefill: 0,
+            priced: false,
             since: None,
         }
     }
@@ -407,13 +411,16 @@ impl Slot {
     pub fn expect_prefill(&mut self, tokens: u64) {
         self.peer.prefill_queue.fetch_add(tokens, Ordering::Relaxed);
         self.prefill += tokens;
+        self.priced = true;
     }
 
     /// The first byte of the answer came: the prompt is prefilled, and the answer streams
     /// until the slot is dropped.
     pub fn prefilled(&mut self) {
         self.release_prefill();
-        self.since.get_or_insert_with(Instant::now);
+        if self.priced {
+            self.since.get_or_insert_with(Instant::now);
+        }
     }
 
     fn release_prefill(&mut self) {
@@ -482,6 +489,22 @@ mod tests {
         drop((b, c));
         assert_eq!(p.in_flight(), 0);
         assert_eq!(p.cluster.in_flight(), 0);
+    }
+
+    #[test]
+    fn only_prompts_time_the_decode() {
+        let p = peer(4);
+        let mut light = p.take();
+        light.prefilled();
+        drop(light);
+        assert_eq!(p.decode_time(), None, "a model list timed the decode");
+        let mut prompt = p.take();
+        prompt.expect_prefill(100);
+        assert_eq!(p.prefill_queue(), 100);
+        prompt.prefilled();
+        assert_eq!(p.prefill_queue(), 0);
+        drop(prompt);
+        assert!(p.decode_time().is_some());
     }
 
     #[test]
