@@ -455,7 +455,8 @@ async fn an_invalid_peers_file_leaves_routing_unchanged() {
         ": : :",
     ] {
         std::fs::write(&peers_file, bad).unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A check and the settling time of a file rewritten in place.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(
             members(proxy.peers().await),
             before,
@@ -889,7 +890,8 @@ async fn a_peers_file_written_in_pieces_is_read_only_once_whole() {
         tokio::time::sleep(Duration::from_millis(40)).await;
         f.write_all(&whole.as_bytes()[cut..]).unwrap();
         drop(f);
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        // A check, the settling time and a margin.
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let mut two = vec![ups[0].addr_str(), ups[1].addr_str()];
         two.sort();
         assert_eq!(listed(&proxy.peers().await), two);

@@ -106,7 +106,7 @@ impl PeerSource {
 
 /// How long a file changed in place must stay as it is before it is read as the new list: a
 /// writer that does not write-then-rename is caught mid-write otherwise.
-const SETTLE: Duration = Duration::from_millis(100);
+const SETTLE: Duration = Duration::from_millis(200);
 
 impl FileSource {
     /// The file's text and inode.
@@ -124,9 +124,11 @@ impl FileSource {
         let in_place = match &self.last {
             Some((text, _)) if !force && *text == read.0 => return Ok(None),
             Some((_, inode)) => *inode == read.1,
-            None => false,
+            // The first read may meet a writer mid-write as well as any later one.
+            None => true,
         };
-        // A file put in place by a rename is whole; one rewritten in place may still be growing.
+        // A file put in place by a rename is whole; one rewritten in place (or met for the
+        // first time) may still be growing.
         if in_place {
             tokio::time::sleep(SETTLE).await;
             if self.read().await?.0 != read.0 {
