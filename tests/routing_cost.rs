@@ -43,6 +43,14 @@ fn walk(c: &Cluster, h: u64) -> Vec<Arc<Peer>> {
         .collect()
 }
 
+/// The first key of `key(from)`, `key(from + 1)`, ... whose primary is (or, `on: false`, is not) `peer`.
+fn key_with_primary(c: &Cluster, from: u64, peer: &Arc<Peer>, on: bool) -> u64 {
+    (from..)
+        .map(key)
+        .find(|&k| Arc::ptr_eq(&walk(c, k)[0], peer) == on)
+        .unwrap()
+}
+
 fn ask(h: u64, tokens: u32) -> Demand {
     Demand {
         hash: Some(h),
@@ -159,10 +167,7 @@ fn a_new_conversation_goes_where_its_system_prompt_is() {
     );
     drop(first);
     // Another conversation on that system prompt whose walk does not start at the holder.
-    let next = (11..)
-        .map(key)
-        .find(|&k| !Arc::ptr_eq(&walk(&cluster, k)[0], &holder))
-        .unwrap();
+    let next = key_with_primary(&cluster, 11, &holder, false);
     let r = cluster
         .select(&PLACED, ask_shared(next), &[])
         .routed()
@@ -181,10 +186,7 @@ fn a_new_conversation_goes_where_its_system_prompt_is() {
     // Without shared-prefix placement (the default: another process may have sent a new
     // conversation to its primary) it goes to its own primary.
     let replicas = COST;
-    let third = (1_000..)
-        .map(key)
-        .find(|&k| !Arc::ptr_eq(&walk(&cluster, k)[0], &holder))
-        .unwrap();
+    let third = key_with_primary(&cluster, 1_000, &holder, false);
     let r = cluster
         .select(&replicas, ask_shared(third), &[])
         .routed()
@@ -204,10 +206,7 @@ fn a_full_engine_is_priced_by_its_queue() {
     let r = cluster.select(&COST, ask(h, 1_000), &[]).routed().unwrap();
     assert!(!Arc::ptr_eq(r.slot.peer(), &peers[0]));
     // Another key of the same primary, once a slot is free, goes home.
-    let other = (4..)
-        .map(key)
-        .find(|&k| Arc::ptr_eq(&walk(&cluster, k)[0], &peers[0]))
-        .unwrap();
+    let other = key_with_primary(&cluster, 4, &peers[0], true);
     drop(held);
     let r = cluster
         .select(&COST, ask(other, 1_000), &[])
