@@ -43,7 +43,7 @@ async fn start_targets(
     upstream: SocketAddr,
 ) -> Vec<(&'static str, SocketAddr, u32, Box<dyn std::any::Any>)> {
     let mut targets: Vec<(&'static str, SocketAddr, u32, Box<dyn std::any::Any>)> = Vec::new();
-    match start_haproxy(&[upstream], "roundrobin", false, 9_000).await {
+    match start_haproxy(&[upstream], "roundrobin", false, 9_000, "").await {
         Ok((addr, child)) => targets.push(("HAProxy", addr, child.child.id(), Box::new(child))),
         Err(why) => println!("HAProxy: skipped ({why})"),
     }

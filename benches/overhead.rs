@@ -2,7 +2,9 @@
 //! closed-loop load (64 keep-alive connections, 64 distinct chat bodies) straight to a trivial
 //! upstream, through HAProxy (`roundrobin`), through a bare Pingora proxy (`examples/bare_proxy`:
 //! `upstream_peer` and nothing else) and through prefixlb (body peek, key, bounded selection,
-//! metrics, access log), for small bodies and for 32 KB ones.
+//! metrics, access log), for small bodies and for 32 KB ones. Then the same small-body load over
+//! TLS, HTTP/1.1 and HTTP/2 (by ALPN; 8 connections of 8 streams each, reused throughout),
+//! through HAProxy and prefixlb terminating it, with a certificate made for the run.
 //!
 //! The load generator runs on CPU 0; each proxy and the upstream share CPU 1, as a proxy with a
 //! core of its own would. Every proxy runs one worker thread and the same allocator.
@@ -22,6 +24,8 @@ use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CONNECTIONS: usize = 64;
+/// HTTP/2 carries the same 64 requests in flight on fewer connections.
+const H2_CONNECTIONS: usize = 8;
 const RUN: Duration = Duration::from_secs(5);
 const ROUNDS: usize = 2;
 const UPSTREAM_ROLE: &str = "PREFIXLB_BENCH_UPSTREAM";
@@ -50,75 +54,179 @@ fn main() {
     runtime.block_on(bench(upstream_addr, pinned));
 }
 
+/// How the load reaches a target.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Plain,
+    TlsH1,
+    TlsH2,
+}
+
 /// Where the load goes, and what keeps it serving.
+#[derive(Clone)]
 struct Target {
     name: &'static str,
     addr: SocketAddr,
     /// The proxy process, whose CPU time is counted; none for the upstream itself.
     pid: Option<u32>,
-    _serving: Option<Box<dyn std::any::Any>>,
+    _serving: Option<std::rc::Rc<dyn std::any::Any>>,
 }
 
-async fn bench(upstream: SocketAddr, pinned: bool) {
-    wait_listening(upstream, "the upstream").await;
-    let mut targets = vec![Target {
-        name: "direct",
-        addr: upstream,
-        pid: None,
-        _serving: None,
-    }];
-    for (name, started) in [
-        (
-            "HAProxy roundrobin",
-            start_haproxy(&[upstream], "roundrobin", pinned, 4096).await,
-        ),
-        ("bare Pingora", start_bare(upstream, pinned).await),
-    ] {
-        match started {
-            Ok((addr, child)) => targets.push(Target {
-                name,
-                addr,
-                pid: Some(child.child.id()),
-                _serving: Some(Box::new(child)),
-            }),
-            Err(why) => println!("{name}: skipped ({why})"),
+/// The certificate the TLS rows are served with, and its CA for the load generator.
+struct Certs {
+    _dir: tempfile::TempDir,
+    ca_pem: String,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    /// Chain and key in one file, as HAProxy takes them.
+    combined: std::path::PathBuf,
+}
+
+fn make_certs() -> Certs {
+    let dir = tempfile::tempdir().expect("a directory");
+    let pki = Pki::new("bench ca");
+    let (cert, key) = pki.leaf();
+    let path = |name: &str| dir.path().join(name);
+    put(&path("cert.pem"), &cert);
+    put(&path("key.pem"), &key);
+    put(&path("combined.pem"), &format!("{cert}{key}"));
+    Certs {
+        ca_pem: pki.ca_pem(),
+        cert: path("cert.pem"),
+        key: path("key.pem"),
+        combined: path("combined.pem"),
+        _dir: dir,
+    }
+}
+
+fn started(
+    name: &'static str,
+    started: Result<(SocketAddr, peers::Killed), String>,
+) -> Option<Target> {
+    match started {
+        Ok((addr, child)) => Some(Target {
+            name,
+            addr,
+            pid: Some(child.child.id()),
+            _serving: Some(std::rc::Rc::new(child)),
+        }),
+        Err(why) => {
+            println!("{name}: skipped ({why})");
+            None
         }
     }
+}
+
+fn start_prefixlb(name: &'static str, upstream: SocketAddr, listen: &str, pinned: bool) -> Target {
     let proxy = spawn_proxy_adjusted(
         &format!(
-            "{}health_check: {{enabled: false}}\naccess_log: plain\n",
+            "{listen}{}health_check: {{enabled: false}}\naccess_log: plain\n",
             peers_yaml_at([upstream], None)
         ),
         "threads: 1\n",
         |c| pin_command(c, pinned),
     );
-    proxy.wait_ready().await;
-    targets.push(Target {
-        name: "prefixlb",
+    Target {
+        name,
         addr: proxy.addr,
         pid: Some(proxy.pid()),
-        _serving: Some(Box::new(proxy)),
-    });
-
-    for (label, body_bytes) in [("~2 KB bodies", 2 * 1024), ("32 KB bodies", 32 * 1024)] {
-        let requests = chat_requests(body_bytes);
-        // Warm every path (pools, caches) before measuring.
-        for t in &targets {
-            closed_loop(t.addr, &requests, Duration::from_secs(1)).await;
-        }
-        let mut runs: Vec<Vec<Run>> = targets.iter().map(|_| Vec::new()).collect();
-        for _ in 0..ROUNDS {
-            for (i, t) in targets.iter().enumerate() {
-                let cpu_before = t.pid.map(cpu_time);
-                let mut run = closed_loop(t.addr, &requests, RUN).await;
-                if let (Some(pid), Some(before)) = (t.pid, cpu_before) {
-                    run.cpu = Some(cpu_time(pid) - before);
-                }
-                runs[i].push(run);
-            }
-        }
-        report(label, &targets, &runs);
+        _serving: Some(std::rc::Rc::new(proxy)),
     }
+}
+
+async fn bench(upstream: SocketAddr, pinned: bool) {
+    wait_listening(upstream, "the upstream").await;
+    let mut plain = vec![Target {
+        name: "direct",
+        addr: upstream,
+        pid: None,
+        _serving: None,
+    }];
+    plain.extend(started(
+        "HAProxy roundrobin",
+        start_haproxy(&[upstream], "roundrobin", pinned, 4096, "").await,
+    ));
+    plain.extend(started("bare Pingora", start_bare(upstream, pinned).await));
+    plain.push(start_prefixlb("prefixlb", upstream, "", pinned));
+
+    let certs = make_certs();
+    let haproxy_tls = started(
+        "HAProxy roundrobin",
+        start_haproxy(
+            &[upstream],
+            "roundrobin",
+            pinned,
+            4096,
+            &format!("ssl crt {} alpn h2,http/1.1", certs.combined.display()),
+        )
+        .await,
+    );
+    let tls_listen = format!(
+        "listen: [{{addr: \"127.0.0.1:{{port}}\", tls: {{cert: \"{}\", key: \"{}\"}}}}]\n",
+        certs.cert.display(),
+        certs.key.display()
+    );
+    let prefixlb_tls = start_prefixlb("prefixlb", upstream, &tls_listen, pinned);
+    let tls: Vec<Target> = haproxy_tls.into_iter().chain([prefixlb_tls]).collect();
+    for t in plain.iter().chain(&tls) {
+        wait_listening(t.addr, t.name).await;
+    }
+
+    let (small, large) = (chat_requests(2 * 1024), chat_requests(32 * 1024));
+    let groups = [
+        ("~2 KB bodies", Transport::Plain, &plain, &small),
+        ("32 KB bodies", Transport::Plain, &plain, &large),
+        (
+            "TLS, HTTP/1.1, ~2 KB bodies",
+            Transport::TlsH1,
+            &tls,
+            &small,
+        ),
+        ("TLS, HTTP/2, ~2 KB bodies", Transport::TlsH2, &tls, &small),
+    ];
+    // "added µs" counts from the plain direct run of the same bodies.
+    let mut direct = std::collections::HashMap::new();
+    for (label, transport, targets, requests) in groups {
+        let load = Load {
+            transport,
+            requests: requests.clone(),
+            ca_pem: certs.ca_pem.clone(),
+        };
+        let runs = measure(targets, &load).await;
+        if transport == Transport::Plain {
+            direct.insert(requests.len() * requests[0].len(), rps_of(&runs[0]));
+        }
+        let baseline = direct[&(requests.len() * requests[0].len())];
+        report(label, targets, &runs, baseline);
+    }
+}
+
+/// Each target's runs: a warm-up, then `ROUNDS` runs taken in turn.
+async fn measure(targets: &[Target], load: &Load) -> Vec<Vec<Run>> {
+    // Warm every path (pools, caches, sessions) before measuring.
+    for t in targets {
+        closed_loop(t.addr, load, Duration::from_secs(1)).await;
+    }
+    let mut runs: Vec<Vec<Run>> = targets.iter().map(|_| Vec::new()).collect();
+    for _ in 0..ROUNDS {
+        for (i, t) in targets.iter().enumerate() {
+            let cpu_before = t.pid.map(cpu_time);
+            let mut run = closed_loop(t.addr, load, RUN).await;
+            if let (Some(pid), Some(before)) = (t.pid, cpu_before) {
+                run.cpu = Some(cpu_time(pid) - before);
+            }
+            runs[i].push(run);
+        }
+    }
+    runs
+}
+
+/// What one closed loop sends, and how.
+struct Load {
+    transport: Transport,
+    /// Whole HTTP/1.1 requests, head and body.
+    requests: Vec<Vec<u8>>,
+    ca_pem: String,
 }
 
 struct Run {
@@ -138,9 +246,13 @@ impl Run {
     }
 }
 
-fn report(label: &str, targets: &[Target], runs: &[Vec<Run>]) {
+fn rps_of(runs: &[Run]) -> f64 {
+    median(&runs.iter().map(Run::rps).collect::<Vec<_>>())
+}
+
+fn report(label: &str, targets: &[Target], runs: &[Vec<Run>], direct: f64) {
     println!(
-        "\n{label}: {CONNECTIONS} connections, closed loop, {} s runs, median of {ROUNDS}\n",
+        "\n{label}: {CONNECTIONS} requests in flight, closed loop, {} s runs, median of {ROUNDS}\n",
         RUN.as_secs()
     );
     println!(
@@ -155,11 +267,11 @@ fn report(label: &str, targets: &[Target], runs: &[Vec<Run>]) {
         "vs bare",
         "errors"
     );
-    let rps = |i: usize| median(&runs[i].iter().map(Run::rps).collect::<Vec<_>>());
+    let rps = |i: usize| rps_of(&runs[i]);
     let find = |name: &str| targets.iter().position(|t| t.name.starts_with(name));
-    let direct = rps(0);
     let (haproxy, bare) = (find("HAProxy").map(rps), find("bare").map(rps));
-    for (i, Target { name, .. }) in targets.iter().enumerate() {
+    for (i, t) in targets.iter().enumerate() {
+        let name = t.name;
         let r = &runs[i];
         let p = |q: f64| {
             median(
@@ -186,7 +298,7 @@ fn report(label: &str, targets: &[Target], runs: &[Vec<Run>]) {
             rps(i),
             p(50.0),
             p(99.0),
-            if i == 0 {
+            if t.pid.is_none() {
                 "-".into()
             } else {
                 format!("{:.1}", 1e6 / rps(i) - 1e6 / direct)
@@ -222,15 +334,40 @@ fn chat_requests(size: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// `CONNECTIONS` keep-alive connections, each sending its next request as soon as the last
-/// answer is read, for `length`.
-async fn closed_loop(target: SocketAddr, requests: &[Vec<u8>], length: Duration) -> Run {
+/// `CONNECTIONS` requests in flight on keep-alive connections, each sending its next request
+/// as soon as the last answer is read, for `length`.
+async fn closed_loop(target: SocketAddr, load: &Load, length: Duration) -> Run {
     let start = Instant::now();
     let deadline = start + length;
-    let requests = std::sync::Arc::new(requests.to_vec());
-    let tasks: Vec<_> = (0..CONNECTIONS)
-        .map(|c| tokio::spawn(connection(target, requests.clone(), c, deadline)))
-        .collect();
+    let requests = std::sync::Arc::new(load.requests.clone());
+    let tls = (load.transport != Transport::Plain).then(|| tls_connector(&load.ca_pem, &[]));
+    let tasks: Vec<_> = match load.transport {
+        Transport::Plain | Transport::TlsH1 => (0..CONNECTIONS)
+            .map(|c| {
+                tokio::spawn(connection(
+                    target,
+                    tls.clone(),
+                    requests.clone(),
+                    c,
+                    deadline,
+                ))
+            })
+            .collect(),
+        Transport::TlsH2 => {
+            let h2 = tls_connector(&load.ca_pem, &[b"h2"]);
+            (0..H2_CONNECTIONS)
+                .map(|c| {
+                    tokio::spawn(h2_connection(
+                        target,
+                        h2.clone(),
+                        requests.clone(),
+                        c,
+                        deadline,
+                    ))
+                })
+                .collect()
+        }
+    };
     let (mut latencies, mut errors, mut first_error) = (Vec::new(), 0, None);
     for t in tasks {
         let (l, e, first) = t.await.expect("a connection task");
@@ -249,28 +386,55 @@ async fn closed_loop(target: SocketAddr, requests: &[Vec<u8>], length: Duration)
     }
 }
 
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+async fn open(
+    target: SocketAddr,
+    tls: Option<&tokio_rustls::TlsConnector>,
+) -> Result<Box<dyn Io>, String> {
+    let tcp = tokio::net::TcpStream::connect(target)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    Ok(match tls {
+        Some(tls) => Box::new(
+            tls.connect(localhost(), tcp)
+                .await
+                .map_err(|e| format!("handshake: {e}"))?,
+        ),
+        None => Box::new(tcp),
+    })
+}
+
+fn localhost() -> rustls::pki_types::ServerName<'static> {
+    rustls::pki_types::ServerName::try_from("localhost").expect("a name")
+}
+
+type Outcome = (Vec<f64>, usize, Option<String>);
+
 async fn connection(
     target: SocketAddr,
+    tls: Option<tokio_rustls::TlsConnector>,
     requests: std::sync::Arc<Vec<Vec<u8>>>,
     first: usize,
     deadline: Instant,
-) -> (Vec<f64>, usize, Option<String>) {
+) -> Outcome {
     let (mut latencies, mut errors, mut first_error) = (Vec::new(), 0usize, None);
     let mut next = first;
-    let mut stream: Option<tokio::net::TcpStream> = None;
+    let mut stream: Option<Box<dyn Io>> = None;
     let mut buf = BytesMut::with_capacity(64 * 1024);
     while Instant::now() < deadline {
         let s = match stream.as_mut() {
             Some(s) => s,
-            None => match tokio::net::TcpStream::connect(target).await {
+            None => match open(target, tls.as_ref()).await {
                 Ok(s) => {
-                    let _ = s.set_nodelay(true);
                     buf.clear();
                     stream.insert(s)
                 }
                 Err(e) => {
                     errors += 1;
-                    first_error.get_or_insert(format!("connect: {e}"));
+                    first_error.get_or_insert(e);
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
@@ -291,12 +455,98 @@ async fn connection(
     (latencies, errors, first_error)
 }
 
-/// One request and its whole answer, which must be a 200 with a length.
-async fn exchange(
-    s: &mut tokio::net::TcpStream,
-    request: &[u8],
-    buf: &mut BytesMut,
+/// One HTTP/2 connection, reused throughout, with `CONNECTIONS / H2_CONNECTIONS` streams in
+/// flight on it at all times.
+async fn h2_connection(
+    target: SocketAddr,
+    tls: tokio_rustls::TlsConnector,
+    requests: std::sync::Arc<Vec<Vec<u8>>>,
+    first: usize,
+    deadline: Instant,
+) -> Outcome {
+    let opened = match open(target, Some(&tls)).await {
+        Ok(io) => hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(io),
+        )
+        .await
+        .map_err(|e| format!("h2 handshake: {e}")),
+        Err(e) => Err(e),
+    };
+    let send = match opened {
+        Ok((send, conn)) => {
+            tokio::spawn(conn);
+            send
+        }
+        Err(e) => return (Vec::new(), 1, Some(e)),
+    };
+    let per_connection = CONNECTIONS / H2_CONNECTIONS;
+    let streams: Vec<_> = (0..per_connection)
+        .map(|k| {
+            let (mut send, requests) = (send.clone(), requests.clone());
+            tokio::spawn(async move {
+                let (mut latencies, mut errors, mut first_error) = (Vec::new(), 0usize, None);
+                let mut next = first * per_connection + k;
+                while Instant::now() < deadline {
+                    let raw = &requests[next % requests.len()];
+                    next += CONNECTIONS;
+                    let sent = Instant::now();
+                    match h2_exchange(&mut send, raw).await {
+                        Ok(()) => latencies.push(sent.elapsed().as_secs_f64() * 1e6),
+                        Err(e) => {
+                            errors += 1;
+                            first_error.get_or_insert(e);
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+                (latencies, errors, first_error)
+            })
+        })
+        .collect();
+    let mut out: Outcome = (Vec::new(), 0, None);
+    for s in streams {
+        let (l, e, first) = s.await.expect("a stream task");
+        out.0.extend(l);
+        out.1 += e;
+        out.2 = out.2.or(first);
+    }
+    out
+}
+
+/// The HTTP/1.1 request `raw` as an HTTP/2 one, and its whole answer, which must be a 200.
+async fn h2_exchange(
+    send: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    raw: &[u8],
 ) -> Result<(), String> {
+    use http_body_util::BodyExt;
+    let at = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("a request without a head")?;
+    let body = bytes::Bytes::copy_from_slice(&raw[at + 4..]);
+    let request = hyper::Request::post("https://localhost/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(body))
+        .map_err(|e| e.to_string())?;
+    send.ready().await.map_err(|e| format!("h2: {e}"))?;
+    let answer = send
+        .send_request(request)
+        .await
+        .map_err(|e| format!("h2: {e}"))?;
+    if answer.status() != 200 {
+        return Err(format!("status {}", answer.status()));
+    }
+    answer
+        .into_body()
+        .collect()
+        .await
+        .map(drop)
+        .map_err(|e| format!("h2 body: {e}"))
+}
+
+/// One request and its whole answer, which must be a 200 with a length.
+async fn exchange(s: &mut Box<dyn Io>, request: &[u8], buf: &mut BytesMut) -> Result<(), String> {
     s.write_all(request)
         .await
         .map_err(|e| format!("write: {e}"))?;
@@ -332,7 +582,7 @@ async fn exchange(
     }
 }
 
-async fn read_more(s: &mut tokio::net::TcpStream, buf: &mut BytesMut) -> Result<(), String> {
+async fn read_more(s: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<(), String> {
     buf.reserve(16 * 1024);
     match s.read_buf(buf).await {
         Ok(0) => Err("closed".into()),

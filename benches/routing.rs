@@ -1,4 +1,5 @@
-//! One routing decision, end to end, and key extraction from a large chat body.
+//! One routing decision, end to end, key extraction from a large chat body, and the prompt
+//! record's lookups against prompt length and record size.
 //!
 //! `cargo bench --bench routing`
 
@@ -21,6 +22,8 @@ fn specs(n: usize) -> Vec<PeerSpec> {
                 .unwrap(),
             weight: Weight::ONE,
             max_in_flight: 64,
+            tls: None,
+            models: None,
         })
         .collect()
 }
@@ -190,5 +193,57 @@ fn key_extraction(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, murmur, decision, pingora_paths, key_extraction);
+/// The chain of a completions prompt of `bytes`, distinct per `seed` from its first block.
+fn prompt_blocks(seed: u64, bytes: usize) -> Blocks {
+    let mut text: Vec<u8> = (0..bytes).map(|i| b'a' + (i % 26) as u8).collect();
+    text[..8].copy_from_slice(&seed.to_le_bytes());
+    Blocks::of_prompt(&text, None, 0, 2048.min(bytes))
+}
+
+/// How deep the peers hold a prompt, and noting where it went, against the prompt's length and
+/// how many prompts the record holds: a lookup reads a few dozen entries at most, whatever the
+/// record's size.
+fn prefix_record(c: &mut Criterion) {
+    let mut group = c.benchmark_group("prefix_record");
+    for mib in [1usize, 16, 256] {
+        let record = PrefixRecord::with_bytes(mib << 20);
+        // Full: distinct 64 KiB prompts until every entry was taken, and more.
+        let capacity = record.stats().capacity;
+        let mut seed = 0;
+        while record.stats().used < capacity || seed < capacity / 16 {
+            record.record(&prompt_blocks(seed, 64 * 1024), (seed % 8 + 1) as u32);
+            seed += 1;
+        }
+        for kib in [1usize, 8, 32, 64] {
+            // A prompt the record holds on three peers: one to its end, two to half of it.
+            let prompt = prompt_blocks(u64::MAX - kib as u64, kib * 1024);
+            let half = prompt_blocks(u64::MAX - kib as u64, kib * 512);
+            record.record(&half, 101);
+            record.record(&half, 102);
+            record.record(&prompt, 103);
+            let id = format!("{mib}MiB/{kib}KiB");
+            group.bench_function(BenchmarkId::new("holdings", &id), |b| {
+                b.iter(|| black_box(record.holdings(black_box(&prompt))))
+            });
+            group.bench_function(BenchmarkId::new("record", &id), |b| {
+                b.iter(|| record.record(black_box(&prompt), 103))
+            });
+        }
+        let unknown = prompt_blocks(u64::MAX / 2, 64 * 1024);
+        group.bench_function(
+            BenchmarkId::new("holdings_unknown", format!("{mib}MiB")),
+            |b| b.iter(|| black_box(record.holdings(black_box(&unknown)))),
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    murmur,
+    decision,
+    pingora_paths,
+    key_extraction,
+    prefix_record
+);
 criterion_main!(benches);

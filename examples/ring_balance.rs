@@ -20,6 +20,8 @@ fn main() {
                             .expect("literal address"),
                         weight: Weight::ONE,
                         max_in_flight: UNLIMITED,
+                        tls: None,
+                        models: None,
                     })
                     .collect();
                 let cluster = Cluster::new(

@@ -40,6 +40,8 @@ pub struct Entry<'a> {
     pub peer: Option<&'a str>,
     pub route: Option<&'a str>,
     pub request_id: Option<&'a str>,
+    /// The name of the client's API key (never the key).
+    pub tenant: Option<&'a str>,
     pub key_source: Option<&'a str>,
     pub key_hash: Option<String>,
     pub ttft_ms: Option<u64>,
@@ -110,7 +112,7 @@ impl AccessLog {
             AccessLogFormat::Plain => {
                 let dash = |v: Option<&str>| v.unwrap_or("-").to_owned();
                 Some(format!(
-                    "{} {} {} {} peer={} route={} request_id={} key={}:{} ttft_ms={} duration_ms={} bytes_in={} bytes_out={} error={}",
+                    "{} {} {} {} peer={} route={} request_id={} tenant={} key={}:{} ttft_ms={} duration_ms={} bytes_in={} bytes_out={} error={}",
                     e.time,
                     e.method,
                     e.path,
@@ -118,6 +120,7 @@ impl AccessLog {
                     dash(e.peer),
                     dash(e.route),
                     dash(e.request_id),
+                    dash(e.tenant),
                     dash(e.key_source),
                     dash(e.key_hash.as_deref()),
                     e.ttft_ms.map_or("-".into(), |v| v.to_string()),
@@ -222,6 +225,7 @@ mod tests {
             peer: Some("10.0.0.1:8000"),
             route: Some("overflow"),
             request_id: Some("r-1"),
+            tenant: Some("team-a"),
             key_source: Some("chat"),
             key_hash: Some("00ff00ff00ff00ff".into()),
             ttft_ms: Some(42),
@@ -239,7 +243,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             plain,
-            "2026-12-01T10:00:00Z POST /v1/chat/completions 200 peer=10.0.0.1:8000 route=overflow request_id=r-1 key=chat:00ff00ff00ff00ff ttft_ms=42 duration_ms=1234 bytes_in=900 bytes_out=7000 error=-"
+            "2026-12-01T10:00:00Z POST /v1/chat/completions 200 peer=10.0.0.1:8000 route=overflow request_id=r-1 tenant=team-a key=chat:00ff00ff00ff00ff ttft_ms=42 duration_ms=1234 bytes_in=900 bytes_out=7000 error=-"
         );
         let json: serde_json::Value = serde_json::from_str(
             &AccessLog::new(AccessLogFormat::Json, None)
@@ -248,6 +252,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(json["route"], "overflow");
+        assert_eq!(json["tenant"], "team-a");
         assert_eq!(json["ttft_ms"], 42);
         assert_eq!(json["error"], serde_json::Value::Null);
         assert!(AccessLog::new(AccessLogFormat::Off, None)

@@ -48,6 +48,10 @@ impl Admin {
                 json!({
                     "address": p.id(),
                     "weight": p.weight(),
+                    // The name its certificate is checked for; null: plain HTTP.
+                    "tls": p.tls().map(|name| name.as_str().to_owned()),
+                    // The models it serves (listed, or as it said); null: any.
+                    "models": p.models(),
                     "healthy": p.healthy(),
                     "draining": p.draining(),
                     "ejected": p.ejected(),

@@ -10,4 +10,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod router;
 pub mod routing;
+pub mod server;
 pub mod settings;
+pub mod tenants;
+pub mod tls;

@@ -6,14 +6,17 @@
 
 use std::sync::{Arc, LazyLock};
 
-use prometheus::core::{Collector, Desc};
+use prometheus::core::{Atomic, Collector, Desc, GenericGaugeVec};
 use prometheus::proto::MetricFamily;
 use prometheus::{
     self, register_histogram, register_int_counter, register_int_counter_vec, register_int_gauge,
-    register_int_gauge_vec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    register_int_gauge_vec, GaugeVec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts,
 };
 
 use crate::router::Router;
+use crate::routing::PoolChoice;
+use crate::tenants::Tenants;
 
 /// From 5 ms to 10 minutes: the range of a time to first token and of a long generation.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -88,6 +91,25 @@ metric!(RELOADS: IntCounterVec = register_int_counter_vec!(
     "Reloads of the peer list, by result: changed, unchanged or error",
     &["result"]
 ));
+metric!(REGISTRY_FAILURES: IntCounter = register_int_counter!(
+    "prefixlb_registry_failures_total",
+    "Rounds of the Redis peer registry that failed (unreachable, timed out, refused): the last good peers stay"
+));
+metric!(FILE_RELOADS: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_file_reloads_total",
+    "Changes read from the API keys file and the listeners' certificates, by kind (api_keys, certificate) and result (changed, or error when the last good contents stay)",
+    &["kind", "result"]
+));
+metric!(AUTH_FAILURES: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_auth_failures_total",
+    "Requests refused with 401 for want of a valid API key, by reason (missing, invalid)",
+    &["reason"]
+));
+metric!(TENANT_REQUESTS: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_tenant_requests_total",
+    "Requests of each API key, by outcome: admitted, or the limit that refused it with 429 (concurrency, request_rate, prompt_byte_rate)",
+    &["key", "outcome"]
+));
 metric!(BUILD_INFO: IntGaugeVec = register_int_gauge_vec!(
     "prefixlb_build_info",
     "Always 1; the version label says which build is running",
@@ -101,6 +123,26 @@ struct PeerGauges {
 }
 
 const QUEUE_DEPTH: (&str, &str) = ("prefixlb_queue_depth", "Requests waiting for a slot now");
+
+const RECORD_GAUGES: [(&str, &str); 3] = [
+    (
+        "prefixlb_prefix_record_bytes",
+        "Memory of the record of where prompt blocks went (its budget, allocated at start)",
+    ),
+    (
+        "prefixlb_prefix_record_capacity_entries",
+        "Prompt blocks the record can hold",
+    ),
+    (
+        "prefixlb_prefix_record_entries",
+        "Prompt blocks the record holds",
+    ),
+];
+
+const RECORD_EVICTIONS: (&str, &str) = (
+    "prefixlb_prefix_record_evictions_total",
+    "Prompt blocks the record forgot to make room for others",
+);
 
 const PEER_GAUGES: [(&str, &str); 9] = [
     ("prefixlb_peer_in_flight", "Requests in flight on each peer"),
@@ -135,6 +177,17 @@ const PEER_GAUGES: [(&str, &str); 9] = [
     ),
 ];
 
+const POOL_GAUGES: [(&str, &str); 2] = [
+    (
+        "prefixlb_pool_peers",
+        "Eligible peers serving each model (with pools by model)",
+    ),
+    (
+        "prefixlb_pool_in_flight",
+        "Requests in flight on the peers serving each model (a peer serving several counts in each)",
+    ),
+];
+
 impl Collector for PeerGauges {
     fn desc(&self) -> Vec<&Desc> {
         self.descs.iter().collect()
@@ -142,12 +195,7 @@ impl Collector for PeerGauges {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let cluster = self.router.cluster();
-        let vecs: Vec<IntGaugeVec> = PEER_GAUGES
-            .iter()
-            .map(|(name, help)| {
-                IntGaugeVec::new(Opts::new(*name, *help), &["peer"]).expect("valid metric")
-            })
-            .collect();
+        let vecs: Vec<IntGaugeVec> = gauge_vecs(&PEER_GAUGES, "peer");
         for p in cluster.peers() {
             let values = [
                 i64::from(p.in_flight()),
@@ -164,35 +212,142 @@ impl Collector for PeerGauges {
                 vec.with_label_values(&[p.id()]).set(value);
             }
         }
+        let pool_vecs: Vec<IntGaugeVec> = gauge_vecs(&POOL_GAUGES, "model");
+        for model in cluster.pools().models() {
+            let PoolChoice::Model(id) = cluster.pools().choose(Some(model), None) else {
+                continue;
+            };
+            let serving = || cluster.peers().iter().filter(move |p| p.serves(id));
+            let values = [
+                serving().filter(|p| p.eligible()).count() as i64,
+                serving().map(|p| i64::from(p.in_flight())).sum(),
+            ];
+            for (vec, value) in pool_vecs.iter().zip(values) {
+                vec.with_label_values(&[model]).set(value);
+            }
+        }
         let depth = IntGauge::new(QUEUE_DEPTH.0, QUEUE_DEPTH.1).expect("valid metric");
         depth.set(self.router.load().waiters().len() as i64);
+        let stats = cluster.record().stats();
+        let record = RECORD_GAUGES
+            .iter()
+            .zip([stats.bytes, stats.capacity, stats.used])
+            .map(|((name, help), value)| {
+                let g = IntGauge::new(*name, *help).expect("valid metric");
+                g.set(value as i64);
+                g.collect()
+            });
+        let evictions =
+            IntCounter::new(RECORD_EVICTIONS.0, RECORD_EVICTIONS.1).expect("valid metric");
+        evictions.inc_by(stats.evictions);
         vecs.iter()
+            .chain(&pool_vecs)
             .flat_map(|v| v.collect())
             .chain(depth.collect())
+            .chain(record.flatten())
+            .chain(evictions.collect())
             .collect()
     }
 }
 
-/// Registers the per-peer gauges and the build info; call once, at start.
-pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
-    let mut descs = PEER_GAUGES
+/// Per-tenant gauges, read from the API keys in force at each scrape: a key removed from the
+/// file leaves the scrape with it.
+struct TenantGauges {
+    tenants: Arc<Tenants>,
+    descs: Vec<Desc>,
+}
+
+const TENANT_GAUGES: [(&str, &str); 4] = [
+    (
+        "prefixlb_tenant_in_flight",
+        "Requests of each API key in flight now",
+    ),
+    (
+        "prefixlb_tenant_max_concurrent",
+        "Each API key's cap on requests in flight (-1: none)",
+    ),
+    (
+        "prefixlb_tenant_requests_per_second_limit",
+        "Each API key's request rate limit (-1: none)",
+    ),
+    (
+        "prefixlb_tenant_prompt_bytes_per_second_limit",
+        "Each API key's prompt-byte rate limit (-1: none)",
+    ),
+];
+
+impl Collector for TenantGauges {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let vecs: Vec<GaugeVec> = gauge_vecs(&TENANT_GAUGES, "key");
+        for t in self.tenants.all() {
+            let limits = t.limits();
+            let values = [
+                f64::from(t.in_flight()),
+                limits.max_concurrent.map_or(-1.0, f64::from),
+                limits.requests_per_second.unwrap_or(-1.0),
+                limits.prompt_bytes_per_second.unwrap_or(-1.0),
+            ];
+            for (vec, value) in vecs.iter().zip(values) {
+                vec.with_label_values(&[t.name()]).set(value);
+            }
+        }
+        vecs.iter().flat_map(|v| v.collect()).collect()
+    }
+}
+
+/// The gauges `defs` names, each with one `label`, fresh for one scrape.
+fn gauge_vecs<P: Atomic>(defs: &[(&str, &str)], label: &str) -> Vec<GenericGaugeVec<P>> {
+    defs.iter()
+        .map(|(name, help)| {
+            GenericGaugeVec::new(Opts::new(*name, *help), &[label]).expect("valid metric")
+        })
+        .collect()
+}
+
+fn descs(gauges: &[(&str, &str)], label: &str) -> prometheus::Result<Vec<Desc>> {
+    gauges
         .iter()
         .map(|(name, help)| {
             Desc::new(
                 name.to_string(),
                 help.to_string(),
-                vec!["peer".into()],
+                vec![label.into()],
                 Default::default(),
             )
         })
-        .collect::<prometheus::Result<Vec<_>>>()?;
-    descs.push(Desc::new(
-        QUEUE_DEPTH.0.into(),
-        QUEUE_DEPTH.1.into(),
-        vec![],
-        Default::default(),
-    )?);
-    prometheus::register(Box::new(PeerGauges { router, descs }))?;
+        .collect()
+}
+
+/// Registers the per-peer (and per-tenant, with API keys) gauges and the build info; call
+/// once, at start.
+pub fn register(router: Arc<Router>, tenants: Option<Arc<Tenants>>) -> prometheus::Result<()> {
+    if let Some(tenants) = tenants {
+        let descs = descs(&TENANT_GAUGES, "key")?;
+        prometheus::register(Box::new(TenantGauges { tenants, descs }))?;
+        LazyLock::force(&AUTH_FAILURES);
+        LazyLock::force(&TENANT_REQUESTS);
+    }
+    let mut peer_descs = descs(&PEER_GAUGES, "peer")?;
+    peer_descs.extend(descs(&POOL_GAUGES, "model")?);
+    for (name, help) in RECORD_GAUGES
+        .iter()
+        .chain([&QUEUE_DEPTH, &RECORD_EVICTIONS])
+    {
+        peer_descs.push(Desc::new(
+            name.to_string(),
+            help.to_string(),
+            vec![],
+            Default::default(),
+        )?);
+    }
+    prometheus::register(Box::new(PeerGauges {
+        router,
+        descs: peer_descs,
+    }))?;
     BUILD_INFO
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
@@ -205,6 +360,7 @@ pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
         &REJECTIONS,
         &KEY_SOURCES,
         &RELOADS,
+        &FILE_RELOADS,
     ] {
         LazyLock::force(counters);
     }
@@ -215,6 +371,7 @@ pub fn register(router: Arc<Router>) -> prometheus::Result<()> {
     LazyLock::force(&PEEK_MEMORY);
     LazyLock::force(&ACCESS_LOG_DROPPED);
     LazyLock::force(&ENGINE_SCRAPE_FAILURES);
+    LazyLock::force(&REGISTRY_FAILURES);
     Ok(())
 }
 

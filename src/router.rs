@@ -3,6 +3,8 @@
 //! chosen. It reports what happened (an ejection, the peers that left) to its callers, which
 //! log and count it.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,7 +12,7 @@ use arc_swap::ArcSwap;
 
 use crate::routing::{
     canonical, Balance, Cluster, ClusterLoad, KeyExtractor, OutlierPolicy, Peer, PeerSpec,
-    RingConfig,
+    PrefixRecord, RingConfig,
 };
 use crate::settings::RouterSettings;
 
@@ -18,12 +20,34 @@ pub struct Router {
     cluster: ArcSwap<Cluster>,
     /// Serialises changes to the cluster: each rebuild must start from the cluster the last one
     /// stored, and a drain or a health change must land on the cluster that stays.
-    membership: Mutex<()>,
+    membership: Mutex<Sources>,
     load: Arc<ClusterLoad>,
     pub keys: KeyExtractor,
     pub balance: Balance,
     ring: RingConfig,
     outlier: OutlierPolicy,
+}
+
+/// Where the peers come from: the source's list, and the models peers that list none said
+/// they serve.
+struct Sources {
+    listed: Vec<PeerSpec>,
+    discovered: HashMap<SocketAddr, Vec<String>>,
+}
+
+impl Sources {
+    fn merged(&self) -> Vec<PeerSpec> {
+        self.listed
+            .iter()
+            .map(|s| PeerSpec {
+                models: s
+                    .models
+                    .clone()
+                    .or_else(|| self.discovered.get(&s.addr).cloned()),
+                ..s.clone()
+            })
+            .collect()
+    }
 }
 
 /// What a change of the peer list did.
@@ -37,11 +61,15 @@ pub struct MembershipChange {
 
 impl Router {
     pub fn new(settings: RouterSettings, peers: &[PeerSpec]) -> Self {
-        let cluster = Cluster::new(peers, settings.ring);
+        let record = PrefixRecord::with_bytes(settings.record_bytes);
+        let cluster = Cluster::with_record(peers, settings.ring, record);
         Self {
             load: Arc::clone(cluster.load()),
             cluster: ArcSwap::from_pointee(cluster),
-            membership: Mutex::new(()),
+            membership: Mutex::new(Sources {
+                listed: canonical(peers.to_vec()),
+                discovered: HashMap::new(),
+            }),
             keys: KeyExtractor::new(settings.keys),
             balance: settings.balance,
             ring: settings.ring,
@@ -102,8 +130,38 @@ impl Router {
     /// take no new requests and finish the ones they have. `None` when the list is the one
     /// the router has already.
     pub fn set_peers(&self, specs: Vec<PeerSpec>) -> Option<MembershipChange> {
-        let specs = canonical(specs);
-        let _one_at_a_time = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sources = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        sources.listed = canonical(specs);
+        // What peers gone from the list said goes with them.
+        let Sources { listed, discovered } = &mut *sources;
+        discovered.retain(|addr, _| listed.iter().any(|s| s.addr == *addr));
+        self.rebuild(&sources)
+    }
+
+    /// The peers that list no models: the ones whose models are asked of them.
+    pub fn unlisted_models(&self) -> Vec<SocketAddr> {
+        let sources = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        sources
+            .listed
+            .iter()
+            .filter(|s| s.models.is_none())
+            .map(|s| s.addr)
+            .collect()
+    }
+
+    /// Takes the models a peer said it serves; rebuilds the cluster when they changed.
+    pub fn set_discovered_models(&self, addr: SocketAddr, models: Vec<String>) -> bool {
+        let mut sources = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        if sources.discovered.get(&addr) == Some(&models) {
+            return false;
+        }
+        sources.discovered.insert(addr, models);
+        self.rebuild(&sources);
+        true
+    }
+
+    fn rebuild(&self, sources: &Sources) -> Option<MembershipChange> {
+        let specs = sources.merged();
         let previous = self.cluster.load_full();
         if previous
             .peers()

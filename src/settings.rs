@@ -4,15 +4,23 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use pingora::utils::tls::WrappedX509;
 
 use crate::access_log::AccessLogFormat;
 use crate::routing::{Balance, KeyConfig, OutlierPolicy, PeerSpec, QueueLimit, RingConfig, Weight};
 
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Addresses the proxy listens on.
-    pub listen: Vec<SocketAddr>,
+    /// Where the proxy listens.
+    pub listen: Vec<Listener>,
+    /// Whether the plain listeners also take HTTP/2 without TLS (prior knowledge); the TLS
+    /// ones offer it by ALPN either way.
+    pub h2c: bool,
+    /// `None`: no API keys; anyone who reaches a listener is served.
+    pub auth: Option<Auth>,
     /// The peers listed in the file itself; a peers file or DNS gives them otherwise.
     pub peers: Vec<PeerSpec>,
     pub router: RouterSettings,
@@ -26,19 +34,69 @@ pub struct Settings {
     pub health_check: Option<HealthCheck>,
     /// `None`: the engines' own metrics are not read.
     pub engine_metrics: Option<EngineMetrics>,
+    /// `None`: peers serve the models they are listed with, or any.
+    pub model_discovery: Option<ModelDiscovery>,
+}
+
+/// Asking each peer that lists no models which it serves (`GET /v1/models`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelDiscovery {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl ModelDiscovery {
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 }
 
 impl Settings {
     pub const DEFAULT_LISTEN: &'static str = "127.0.0.1:8080";
 }
 
+/// One address the proxy listens on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    pub addr: SocketAddr,
+    pub tls: Option<TlsFiles>,
+}
+
+/// A certificate chain and its private key, in PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Client authentication by API key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Auth {
+    /// The keys (as SHA-256 digests) and each key's limits; read again when it changes.
+    pub keys_file: PathBuf,
+    /// Whether the client's `Authorization` header goes on to the engine.
+    pub forward_key: bool,
+}
+
 /// How the router routes.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RouterSettings {
     pub keys: KeyConfig,
     pub balance: Balance,
     pub ring: RingConfig,
     pub outlier: OutlierPolicy,
+    /// Memory of the record of where prompt blocks went.
+    pub record_bytes: usize,
+}
+
+impl Default for RouterSettings {
+    fn default() -> Self {
+        Self {
+            keys: KeyConfig::default(),
+            balance: Balance::default(),
+            ring: RingConfig::default(),
+            outlier: OutlierPolicy::default(),
+            record_bytes: crate::routing::record::DEFAULT_BYTES,
+        }
+    }
 }
 
 /// What the proxy needs of its own: how much body it reads, how it talks to peers, how long a
@@ -57,6 +115,8 @@ pub struct ProxySettings {
     /// ever (the proxy stops reading the engine, so no upstream timeout fires either).
     pub client_write_timeout: Duration,
     pub forwarding: ForwardingSettings,
+    /// The model a request that names none is served as, when peers are pooled by model.
+    pub default_model: Option<String>,
 }
 
 impl ProxySettings {
@@ -73,6 +133,7 @@ impl Default for ProxySettings {
             access_log_key: None,
             client_write_timeout: Self::DEFAULT_CLIENT_WRITE_TIMEOUT,
             forwarding: ForwardingSettings::default(),
+            default_model: None,
         }
     }
 }
@@ -155,7 +216,7 @@ impl Default for PeekLimits {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Upstream {
     pub connect_timeout: Duration,
     /// Longest silence while reading a response: covers the time to the first token.
@@ -166,6 +227,35 @@ pub struct Upstream {
     pub idle_timeout: Duration,
     /// Further peers tried after a failed connect, before any byte reached the client.
     pub connect_retries: usize,
+    /// How the peers reached over TLS are checked.
+    pub tls: UpstreamTls,
+}
+
+/// How an engine's certificate is checked.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    /// The CA certificates to trust; the system's when `None`.
+    pub ca: Option<Arc<[WrappedX509]>>,
+    /// Off only for test set-ups: a certificate is then taken unchecked.
+    pub verify: bool,
+}
+
+impl Default for UpstreamTls {
+    fn default() -> Self {
+        Self {
+            ca: None,
+            verify: true,
+        }
+    }
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("ca_certificates", &self.ca.as_ref().map(|ca| ca.len()))
+            .field("verify", &self.verify)
+            .finish()
+    }
 }
 
 impl Default for Upstream {
@@ -176,6 +266,7 @@ impl Default for Upstream {
             write_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(4),
             connect_retries: 2,
+            tls: UpstreamTls::default(),
         }
     }
 }
@@ -210,6 +301,33 @@ pub enum Discovery {
         interval: Duration,
     },
     Dns(Dns),
+    /// A registry of engine nodes kept alive by heartbeats (see `prefixlb-agent`).
+    Redis(Registry),
+}
+
+/// Peers as the keys `prefix<addr>` of a Redis database, each holding
+/// `{"weight": …, "max_in_flight": …}` and expiring unless its engine's agent refreshes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registry {
+    /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
+    pub url: String,
+    pub prefix: String,
+    pub interval: Duration,
+}
+
+impl Registry {
+    /// The URL as logs may show it: without its password.
+    pub fn url_without_secret(&self) -> String {
+        match (self.url.find("://"), self.url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}***{}", &self.url[..scheme + 3], &self.url[at..])
+            }
+            _ => self.url.clone(),
+        }
+    }
+
+    pub const DEFAULT_PREFIX: &'static str = "prefixlb:peers:";
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
 }
 
 impl Discovery {
@@ -229,6 +347,9 @@ pub struct Dns {
     pub weight: Weight,
     /// [`crate::routing::UNLIMITED`] for no ceiling.
     pub max_in_flight: u32,
+    /// The name every discovered peer's certificate is checked for, when they are reached
+    /// over TLS.
+    pub tls: Option<String>,
     /// Rounds in a row an SRV target may fail to resolve before its last good addresses are
     /// dropped: one failed lookup must not move keys.
     pub failures_before_removal: u32,

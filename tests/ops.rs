@@ -171,7 +171,8 @@ async fn per_peer_gauges_match_the_streams_the_test_holds_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejections_failures_and_reloads_are_counted() {
     let up = start_upstream("a").await;
-    let dead = format!("127.0.0.1:{}", free_port());
+    let (dead, _refusing) = refused_addr();
+    let dead = dead.to_string();
     let cfg = format!(
         "peers:\n  - {{addr: \"{}\", max_in_flight: 1}}\n  - {{addr: \"{dead}\", max_in_flight: 1}}\nrouting: {{balance_factor: null}}\nqueue: {{max_waiting: 0}}\nhealth_check: {{enabled: false}}\n",
         up.addr

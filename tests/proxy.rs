@@ -85,6 +85,80 @@ async fn a_full_primary_overflows_to_the_next_ring_peer_and_the_key_comes_back()
     assert_eq!(upstream_of(&after), home, "the key did not come home");
 }
 
+async fn post_prompt(
+    c: &reqwest::Client,
+    proxy: &Proxy,
+    prompt: &str,
+    stream_ms: Option<u32>,
+) -> reqwest::Response {
+    let body = serde_json::json!({"model": "m", "stream": true, "prompt": prompt}).to_string();
+    let mut req = c.post(proxy.url("/v1/completions")).body(body);
+    if let Some(ms) = stream_ms {
+        req = req
+            .header("x-mock-events", "20")
+            .header("x-mock-interval-ms", (ms / 20).to_string());
+    }
+    let r = req.send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r
+}
+
+/// Conversations sent as one growing completions prompt share one key (the template's first
+/// 2048 characters): the record of where their blocks went is what tells them apart. A turn
+/// goes where its own history is, not where the template went last, and the record counts
+/// its blocks in `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_follows_its_own_history_inside_a_shared_prompt() {
+    let ups = upstreams::<3>().await;
+    let cfg = format!(
+        "{}routing: {{prefix_record_mib: 2}}\n",
+        peers_yaml(&ups, Some(1))
+    );
+    let proxy = start_proxy(&cfg).await;
+    let c = client();
+    let template = "Protocol of the ward: check, chart, report. ".repeat(200);
+    let turn = |who: &str, n: usize| {
+        let mut p = template.clone();
+        for t in 1..=n {
+            p.push_str(&format!(
+                "Doctor {who}, turn {t}: {}\nAssistant: ",
+                "symptom ".repeat(500)
+            ));
+            if t < n {
+                p.push_str("noted.\n");
+            }
+        }
+        p
+    };
+    let home = upstream_of(&post_prompt(&c, &proxy, &turn("a", 1), None).await);
+    // B's first turn finds the template's peer full and goes elsewhere.
+    let held = post_prompt(&c, &proxy, &turn("a", 1), Some(2_000)).await;
+    assert_eq!(upstream_of(&held), home);
+    let b = upstream_of(&post_prompt(&c, &proxy, &turn("b", 1), None).await);
+    assert_ne!(b, home, "the full peer was not skipped");
+    let _ = held.bytes().await.unwrap();
+    proxy.wait_idle(Duration::from_secs(5)).await;
+    // C's first turn goes home, which served the template last.
+    let c1 = upstream_of(&post_prompt(&c, &proxy, &turn("c", 1), None).await);
+    assert_eq!(c1, home);
+    // B's second turn goes to B's history, not to where the template went last.
+    let b2 = upstream_of(&post_prompt(&c, &proxy, &turn("b", 2), None).await);
+    assert_eq!(b2, b, "B's turn 2 lost its history");
+    let m = proxy.metrics().await;
+    let gauge = |name: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    let budget = (2 << 20) as f64;
+    let bytes = gauge("prefixlb_prefix_record_bytes");
+    assert!(bytes <= budget && bytes > budget * 0.99, "{bytes}");
+    // Template and turns: at least the template's 8 blocks and each turn's own.
+    assert!(gauge("prefixlb_prefix_record_entries") >= 10.0);
+    assert_eq!(gauge("prefixlb_prefix_record_evictions_total"), 0.0);
+    proxy.assert_idle().await;
+}
+
 /// A chat body of exactly `len` bytes whose key needs all of it: the first user message is the
 /// filler and `model` comes last, so the peek reads as far as it may.
 fn sized_body(len: usize) -> Vec<u8> {
@@ -346,7 +420,7 @@ async fn expect_100_continue_is_answered_before_the_body_is_read() {
 /// Once the 100 is out, an error later on is still answered, and logged, as itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_failure_after_100_continue_is_answered_502() {
-    let dead = format!("127.0.0.1:{}", free_port());
+    let (dead, _refusing) = refused_addr();
     let cfg = format!(
         "peers:\n  - addr: \"{dead}\"\nupstream: {{connect_retries: 0}}\nhealth_check: {{enabled: false}}\naccess_log: json\n"
     );
@@ -645,7 +719,7 @@ async fn a_zero_length_queue_rejects_at_once() {
 async fn a_dead_peer_is_skipped_by_retrying_the_next_one() {
     let live = start_upstream("live").await;
     // An address nobody listens on: connects are refused.
-    let dead = format!("127.0.0.1:{}", free_port());
+    let (dead, _refusing) = refused_addr();
     let cfg = format!(
         "peers:\n  - addr: \"{dead}\"\n  - addr: \"{}\"\nupstream: {{connect_retries: 1}}\nrouting: {{peek_limit_bytes: 150000}}\nhealth_check: {{enabled: false}}\noutlier: {{consecutive_failures: 0}}\n",
         live.addr
@@ -672,9 +746,8 @@ async fn a_dead_peer_is_skipped_by_retrying_the_next_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_stop_at_the_configured_count() {
-    let dead: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
+    let refusing: Vec<_> = (0..3).map(|_| refused_addr()).collect();
+    let dead: Vec<String> = refusing.iter().map(|(a, _)| a.to_string()).collect();
     let cfg = format!(
         "peers:\n{}upstream: {{connect_retries: 1}}\n",
         dead.iter()
@@ -796,10 +869,47 @@ fn invalid_configs_are_refused_naming_the_field() {
             "limits: {peek_memory_bytes: 1000}",
             "limits.peek_memory_bytes",
         ),
+        (
+            "listen: [{addr: \"127.0.0.1:8443\", tls: {cert: /no/cert.pem, key: /no/key.pem}}]",
+            "listen[0].tls.cert",
+        ),
+        ("auth: {keys_file: /no/keys.yaml}", "auth.keys_file"),
+        ("peers: [{addr: \"127.0.0.1:1\", sni: x}]", "peers[0].sni"),
+        (
+            "discovery: {redis: {url: \"http://x\"}}",
+            "discovery.redis.url",
+        ),
+        (
+            "discovery: {redis: {url: \"redis://127.0.0.1:1\"}, dns: {name: x, port: 1}}",
+            "discovery",
+        ),
+        // `-t` asks the registry, which does not answer on port 1.
+        (
+            "discovery: {redis: {url: \"redis://127.0.0.1:1\"}}",
+            "discovery.redis",
+        ),
+    ]
+    .map(|(yaml, field)| (yaml.to_owned(), field));
+    // Files that exist but hold no certificate, no CA, or a bad key entry.
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not PEM at all").unwrap();
+    let keys = dir.path().join("keys.yaml");
+    std::fs::write(&keys, "keys: [{name: a, sha256: abc}]").unwrap();
+    let (junk, keys) = (junk.display(), keys.display());
+    let files = [
+        (
+            format!("listen: [{{addr: \"127.0.0.1:8443\", tls: {{cert: \"{junk}\", key: \"{junk}\"}}}}]"),
+            "tls.cert",
+        ),
+        (
+            format!("upstream: {{tls: {{ca_file: \"{junk}\"}}}}"),
+            "upstream.tls.ca_file",
+        ),
+        (format!("auth: {{keys_file: \"{keys}\"}}"), "keys[0]"),
     ];
-    for (yaml, field) in cases {
+    for (yaml, field) in cases.into_iter().chain(files) {
         let path = dir.path().join("bad.yaml");
-        std::fs::write(&path, yaml).unwrap();
+        std::fs::write(&path, &yaml).unwrap();
         let out = std::process::Command::new(binary())
             .arg("-l")
             .arg(&path)

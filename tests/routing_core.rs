@@ -18,6 +18,8 @@ fn spec(i: usize, weight: u32, max_in_flight: u32) -> PeerSpec {
             .unwrap(),
         weight: Weight::new(weight).unwrap(),
         max_in_flight,
+        tls: None,
+        models: None,
     }
 }
 
@@ -393,12 +395,11 @@ fn a_drain_racing_a_rebuild_lands_on_the_cluster_that_stays() {
     use prefixlb::router::Router;
     use prefixlb::settings::RouterSettings;
     let settings = RouterSettings {
-        keys: KeyConfig::default(),
         balance: BOUNDED,
         ring: RingConfig {
             vnodes_per_weight: 4,
         },
-        outlier: OutlierPolicy::default(),
+        ..RouterSettings::default()
     };
     let lists = [uniform(3, 0), uniform(4, 0)];
     let router = Arc::new(Router::new(settings, &lists[0]));
@@ -461,4 +462,45 @@ fn load_on_peers_left_out_does_not_raise_the_bound() {
     drop(held);
     rebuilt.refresh();
     assert_eq!(rebuilt.bound(&BOUNDED, &other), 1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// A request for a model only ever gets a slot on a peer that serves it, under every
+    /// policy, however loaded the other pool is; a model nobody lists has no pool.
+    #[test]
+    fn a_model_is_served_only_by_its_pool(seed in any::<u64>(), held in 1usize..40) {
+        let mut specs = uniform(6, UNLIMITED);
+        for (i, s) in specs.iter_mut().enumerate() {
+            s.models = Some(vec![if i < 2 { "small" } else { "large" }.to_owned()]);
+        }
+        let cluster = Cluster::new(&specs, RingConfig::default());
+        let PoolChoice::Model(small) = cluster.pools().choose(Some("small"), None) else {
+            panic!("small is listed");
+        };
+        let PoolChoice::Model(large) = cluster.pools().choose(Some("large"), None) else {
+            panic!("large is listed");
+        };
+        // Load on the large pool only.
+        let mut slots = Vec::new();
+        for i in 0..held {
+            let demand = Demand { model: Some(large), ..Demand::from(Some(key(seed ^ i as u64))) };
+            if let Decision::Routed(r) = cluster.select(&BOUNDED, demand, &[]) {
+                prop_assert!(r.slot.peer().serves(large));
+                slots.push(r.slot);
+            }
+        }
+        for policy in [Policy::LeastCost, Policy::BoundedConsistentHash, Policy::ConsistentHash, Policy::RoundRobin, Policy::LeastInFlight] {
+            let balance = Balance { policy, ..BOUNDED };
+            for i in 0..20u64 {
+                let demand = Demand { model: Some(small), ..Demand::from(Some(key(seed.wrapping_add(i)))) };
+                match cluster.select(&balance, demand, &[]) {
+                    Decision::Routed(r) => prop_assert!(r.slot.peer().serves(small), "{policy:?}"),
+                    other => prop_assert!(false, "{policy:?}: {other:?}"),
+                }
+            }
+        }
+        prop_assert_eq!(cluster.pools().choose(Some("medium"), None), PoolChoice::Unknown);
+    }
 }

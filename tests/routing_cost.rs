@@ -27,6 +27,8 @@ fn specs(n: usize, max_in_flight: u32) -> Vec<PeerSpec> {
             addr: format!("10.2.0.{}:8000", i + 1).parse().unwrap(),
             weight: Weight::ONE,
             max_in_flight,
+            tls: None,
+            models: None,
         })
         .collect()
 }
@@ -53,10 +55,50 @@ fn key_with_primary(c: &Cluster, from: u64, peer: &Arc<Peer>, on: bool) -> u64 {
 
 fn ask(h: u64, tokens: u32) -> Demand {
     Demand {
-        hash: Some(h),
         prompt_tokens: tokens,
-        shared: None,
+        ..Demand::from(Some(h))
     }
+}
+
+/// A chat turn's demand, as the proxy makes it: its key and block chain from the body.
+fn chat(messages: &[(&str, &str)]) -> Demand {
+    let messages: Vec<_> = messages
+        .iter()
+        .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+        .collect();
+    demand_of(
+        "/v1/chat/completions",
+        serde_json::json!({"model": "m", "messages": messages}),
+    )
+}
+
+/// A completions prompt's demand, as the proxy makes it.
+fn completion(prompt: &str) -> Demand {
+    demand_of(
+        "/v1/completions",
+        serde_json::json!({"model": "m", "prompt": prompt}),
+    )
+}
+
+fn demand_of(path: &str, body: serde_json::Value) -> Demand {
+    let body = body.to_string();
+    let key = match KeyExtractor::default().key_for(&RequestParts {
+        method: &http::Method::POST,
+        path,
+        headers: &http::HeaderMap::new(),
+        client: None,
+        body: body.as_bytes(),
+        end: BodyEnd::Complete,
+    }) {
+        Extract::Key(k) => k,
+        other => panic!("a whole body has a key: {other:?}"),
+    };
+    key.demand(body.len())
+}
+
+/// `n` requests in flight on `peer`, their prefill done.
+fn streams(peer: &Arc<Peer>, n: usize) -> Vec<Slot> {
+    (0..n).map(|_| peer.take()).collect()
 }
 
 /// Marks `peer` as an engine that runs `slots` requests at once (it was seen to queue).
@@ -143,20 +185,19 @@ fn a_long_prefill_queue_sends_the_key_to_a_cold_peer_and_it_turns_warm() {
 }
 
 /// With shared-prefix placement, a conversation new to this process, whose system prompt it
-/// sent to one peer lately, is
-/// priced there as holding that share of its prompt: it goes there rather than to a cold
-/// primary, and its next turn follows it.
+/// sent to one peer lately, is priced there as holding that share of its prompt: it goes there
+/// rather than to a cold primary, and its next turn follows it.
 #[test]
 fn a_new_conversation_goes_where_its_system_prompt_is() {
     let cluster = Cluster::new(&specs(6, UNLIMITED), RingConfig::default());
-    let system = 0x5157_u64;
-    let ask_shared = |h: u64| Demand {
-        hash: Some(h),
-        prompt_tokens: 10_000,
-        shared: Some((system, 9_500)),
-    };
+    let system = "Answer from the attached protocol. ".repeat(1_000);
+    let opening = |i: usize| format!("question {i}");
     let first = cluster
-        .select(&PLACED, ask_shared(key(10)), &[])
+        .select(
+            &PLACED,
+            chat(&[("system", &system), ("user", &opening(0))]),
+            &[],
+        )
         .routed()
         .unwrap();
     let holder = Arc::clone(first.slot.peer());
@@ -167,31 +208,113 @@ fn a_new_conversation_goes_where_its_system_prompt_is() {
     );
     drop(first);
     // Another conversation on that system prompt whose walk does not start at the holder.
-    let next = key_with_primary(&cluster, 11, &holder, false);
-    let r = cluster
-        .select(&PLACED, ask_shared(next), &[])
-        .routed()
-        .unwrap();
+    let primary_of = |d: &Demand| Arc::clone(&walk(&cluster, d.hash.unwrap())[0]);
+    let away = |from: usize| {
+        (from..)
+            .find(|&i| {
+                let d = chat(&[("system", &system), ("user", &opening(i))]);
+                !Arc::ptr_eq(&primary_of(&d), &holder)
+            })
+            .unwrap()
+    };
+    let next = away(1);
+    let turn1 = [("system", system.as_str()), ("user", &opening(next))];
+    let r = cluster.select(&PLACED, chat(&turn1), &[]).routed().unwrap();
     assert!(Arc::ptr_eq(r.slot.peer(), &holder), "went cold");
     assert_eq!(r.route, Route::Replica);
     drop(r);
-    let turn2 = cluster
-        .select(&PLACED, ask_shared(next), &[])
-        .routed()
-        .unwrap();
-    assert!(
-        Arc::ptr_eq(turn2.slot.peer(), &holder),
-        "lost its newest turns"
-    );
+    let turn2 = [
+        turn1[0],
+        turn1[1],
+        ("assistant", "an answer"),
+        ("user", "and then?"),
+    ];
+    let r = cluster.select(&PLACED, chat(&turn2), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(r.slot.peer(), &holder), "lost its newest turns");
+    drop(r);
     // Without shared-prefix placement (the default: another process may have sent a new
     // conversation to its primary) it goes to its own primary.
-    let replicas = COST;
-    let third = key_with_primary(&cluster, 1_000, &holder, false);
+    let third = away(next + 1);
     let r = cluster
-        .select(&replicas, ask_shared(third), &[])
+        .select(
+            &COST,
+            chat(&[("system", &system), ("user", &opening(third))]),
+            &[],
+        )
         .routed()
         .unwrap();
     assert_eq!(r.route, Route::Primary);
+}
+
+#[test]
+fn a_conversation_stays_with_its_history_where_a_new_one_would_not() {
+    let cluster = Cluster::new(&specs(4, UNLIMITED), RingConfig::default());
+    let peers = cluster.peers().to_vec();
+    let (home, other) = (&peers[0], &peers[1]);
+    // One department's protocol, one doctor's long first turn, and the short turn after it.
+    let protocol = "Follow the ward's protocol. ".repeat(300);
+    let turn0 = format!("{protocol}Doctor: {}\nAssistant: ", "chart ".repeat(700));
+    let turn1 = format!("{turn0}noted\nDoctor: and the dose?\nAssistant: ");
+    cluster
+        .record()
+        .record(&completion(&turn0).blocks, home.serial());
+    let elsewhere = format!("{protocol}Doctor: {}\nAssistant: ", "scan ".repeat(800));
+    cluster
+        .record()
+        .record(&completion(&elsewhere).blocks, other.serial());
+    // Home runs five, above a new conversation's floor (4) while its slots are unknown; the
+    // others run two each, so the balance bound is 4 too.
+    let _held = [
+        streams(home, 5),
+        streams(other, 2),
+        streams(&peers[2], 2),
+        streams(&peers[3], 2),
+    ];
+    let r = cluster
+        .select(&COST, completion(&turn1), &[])
+        .routed()
+        .unwrap();
+    assert!(Arc::ptr_eq(r.slot.peer(), home), "left its history");
+    drop(r);
+    // A new conversation on the same protocol is held by both alike, and home is full for it.
+    let new = format!("{protocol}Doctor: {}\nAssistant: ", "triage ".repeat(600));
+    let r = cluster
+        .select(&COST, completion(&new), &[])
+        .routed()
+        .unwrap();
+    assert!(
+        !Arc::ptr_eq(r.slot.peer(), home),
+        "a new conversation piled on"
+    );
+}
+
+#[test]
+fn a_new_conversation_warms_an_idle_peer_when_the_warm_ones_are_busy() {
+    let cluster = Cluster::new(&specs(4, UNLIMITED), RingConfig::default());
+    let peers = cluster.peers().to_vec();
+    // A 6 000-token protocol on two peers, each running three streams.
+    let protocol = "Follow the ward's protocol. ".repeat(880);
+    let earlier = format!("{protocol}Doctor: {}\nAssistant: ", "scan ".repeat(400));
+    for warm in &peers[..2] {
+        cluster
+            .record()
+            .record(&completion(&earlier).blocks, warm.serial());
+    }
+    let _held = [streams(&peers[0], 3), streams(&peers[1], 3)];
+    // This turn alone is cheaper on a warm peer (500 new tokens beside three streams: 0.23 s)
+    // than on a cold one (6 500 tokens: 0.65 s); with the conversation's turns to come, each as
+    // large and beside three streams there or none, the cold peer is cheaper.
+    let new = format!("{protocol}Doctor: {}\nAssistant: ", "triage ".repeat(285));
+    let r = cluster
+        .select(&COST, completion(&new), &[])
+        .routed()
+        .unwrap();
+    let chosen = r.slot.peer();
+    assert!(
+        peers[2..].iter().any(|p| Arc::ptr_eq(p, chosen)),
+        "stayed on a busy warm peer"
+    );
+    assert_eq!(chosen.load(), 1);
 }
 
 #[test]

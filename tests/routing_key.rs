@@ -22,10 +22,18 @@ fn key_of(path: &str, body: &[u8], end: BodyEnd) -> Extract {
     })
 }
 
+/// What of an extraction routes: the key's point and source, once it is complete.
+fn routes(e: Extract) -> Option<(Option<u64>, KeySource)> {
+    match e {
+        Extract::Key(k) | Extract::Deeper(k) => Some((k.hash, k.source)),
+        Extract::NeedMore => None,
+    }
+}
+
 fn full_key(path: &str, body: &str) -> RoutingKey {
     match key_of(path, body.as_bytes(), BodyEnd::Complete) {
         Extract::Key(k) => k,
-        Extract::NeedMore => panic!("a complete body needs no more"),
+        other => panic!("a complete body needs no more: {other:?}"),
     }
 }
 
@@ -41,28 +49,35 @@ fn conversation(system: &str, first: &str, turns: usize) -> String {
     serde_json::json!({"model": "llama-3-8b", "stream": true, "messages": messages}).to_string()
 }
 
-/// Conversations that share a system prompt share the prefix of their keys before the first
-/// user message: where that prefix went is where a new one finds its system prompt cached.
+/// Conversations that share a system prompt share the blocks of it, and a conversation's turn
+/// holds every block of the turns before: where those went is where they are cached.
 #[test]
-fn conversations_on_one_system_prompt_share_a_prefix() {
+fn prompts_name_the_blocks_they_share() {
     let system = "Answer from the attached contract. ".repeat(200);
     let a = full_key(CHAT, &conversation(&system, "Who pays the deposit?", 1));
     let a5 = full_key(CHAT, &conversation(&system, "Who pays the deposit?", 5));
     let b = full_key(CHAT, &conversation(&system, "When does it end?", 1));
     let other = full_key(CHAT, &conversation("Another contract.", "Who pays?", 1));
-    let shared = a.shared.expect("a system prompt is a shared prefix");
     assert_ne!(a.hash, b.hash);
-    assert_eq!(b.shared, Some(shared));
-    assert_eq!(a5.shared, Some(shared));
-    assert_ne!(other.shared.map(|s| s.hash), Some(shared.hash));
-    // It encodes the system message: its text and a few bytes of framing.
-    assert!((system.len() as u64..system.len() as u64 + 32).contains(&shared.bytes));
-    // A conversation that opens with the user shares nothing; nor does a completions prompt,
-    // whose key is its shared part.
-    let body = serde_json::json!({"messages": [{"role": "user", "content": "hi"}]}).to_string();
-    assert_eq!(full_key(CHAT, &body).shared, None);
+    // The system prompt's 7,000 bytes are six whole blocks, the same in both.
+    let whole = system.len() / BLOCK_BYTES as usize;
+    assert_eq!(whole, 6);
+    assert_eq!(a.blocks.hashes()[..whole], b.blocks.hashes()[..whole]);
+    assert_ne!(a.blocks.hashes()[whole], b.blocks.hashes()[whole]);
+    assert!(a5.blocks.hashes().starts_with(a.blocks.hashes()));
+    assert_ne!(other.blocks.hash(0), a.blocks.hash(0));
+    // Its key ends with the first question, where turn 1's messages end: turn 5 names that
+    // point too.
+    let k = a.blocks.key_point().unwrap();
+    let tail = r#"],"model":"llama-3-8b","stream":true}"#.len() as u32;
+    assert_eq!(a.blocks.end(k) + tail, a.blocks.bytes());
+    assert_eq!(a5.blocks.key_point(), Some(k));
+    assert_eq!(a5.blocks.hash(k), a.blocks.hash(k));
+    assert!(a5.blocks.bytes() > a.blocks.bytes());
+    // A completions prompt is named past its key (its first 2048 characters) too.
     let body = serde_json::json!({"prompt": system}).to_string();
-    assert_eq!(full_key("/v1/completions", &body).shared, None);
+    let c = full_key("/v1/completions", &body);
+    assert_eq!(c.blocks.len(), whole + 1, "six blocks and the key's end");
 }
 
 #[test]
@@ -73,23 +88,33 @@ fn chat_key_is_stable_across_turns_and_differs_across_conversations() {
     let other = full_key(CHAT, &conversation(&system, "Patient B, 31, migraine", 1));
     assert_eq!(t1.source, KeySource::Chat);
     assert_eq!(t1.fallback, None);
-    assert_eq!(t1, t5);
+    assert_eq!((t1.hash, t1.source), (t5.hash, t5.source));
     assert_ne!(t1.hash, other.hash);
     // A first turn shorter than any fixed cut still matches its later turns.
     let short1 = full_key(CHAT, &conversation("Be brief.", "hi", 1));
     let short5 = full_key(CHAT, &conversation("Be brief.", "hi", 5));
-    assert_eq!(short1, short5);
+    assert_eq!(short1.hash, short5.hash);
 }
 
 #[test]
 fn chat_key_reads_text_parts_and_developer_messages() {
     let as_string = r#"{"model":"m","messages":[{"role":"developer","content":"rules"},{"role":"user","content":"question"}]}"#;
     let as_parts = r#"{"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"rules"}]},{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:x"}},{"type":"text","text":"question"}]}]}"#;
-    assert_eq!(full_key(CHAT, as_string), full_key(CHAT, as_parts));
+    // The key reads the text; the blocks are named over the bytes as sent.
+    assert_eq!(
+        full_key(CHAT, as_string).hash,
+        full_key(CHAT, as_parts).hash
+    );
     let other_rules = as_string.replace("rules", "other rules");
-    assert_ne!(full_key(CHAT, as_string), full_key(CHAT, &other_rules));
+    assert_ne!(
+        full_key(CHAT, as_string).hash,
+        full_key(CHAT, &other_rules).hash
+    );
     let other_model = as_string.replace("\"m\"", "\"n\"");
-    assert_ne!(full_key(CHAT, as_string), full_key(CHAT, &other_model));
+    assert_ne!(
+        full_key(CHAT, as_string).hash,
+        full_key(CHAT, &other_model).hash
+    );
 }
 
 #[test]
@@ -130,8 +155,8 @@ fn a_long_turn_cut_at_the_peek_limit_keys_like_its_first_turn() {
     let long = turn(40);
     assert!(long.len() > 64 * 1024);
     assert_eq!(
-        key_of(CHAT, &long.as_bytes()[..64 * 1024], BodyEnd::Limit),
-        Extract::Key(first)
+        routes(key_of(CHAT, &long.as_bytes()[..64 * 1024], BodyEnd::Limit)),
+        routes(Extract::Key(first))
     );
 }
 
@@ -148,15 +173,15 @@ fn key_is_complete_before_the_body_is() {
         r#"{{"model":"m","messages":[{{"role":"system","content":"sys"}},{{"role":"user","content":"first question"}}{rest}]}}"#
     );
     let end_of_first = body.find("first question").unwrap() + "first question\"}".len();
-    // Up to the end of the first user message the key needs more; right after, it is done.
+    // Up to the end of the first user message the key needs more; right after, it is done,
+    // and only the rest of the prompt's blocks would come of more.
     assert_eq!(
         key_of(CHAT, &body.as_bytes()[..end_of_first - 3], BodyEnd::More),
         Extract::NeedMore
     );
-    assert_eq!(
-        key_of(CHAT, &body.as_bytes()[..end_of_first + 1], BodyEnd::More),
-        Extract::Key(full_key(CHAT, &body))
-    );
+    let early = key_of(CHAT, &body.as_bytes()[..end_of_first + 1], BodyEnd::More);
+    assert!(matches!(early, Extract::Deeper(_)), "{early:?}");
+    assert_eq!(routes(early), routes(Extract::Key(full_key(CHAT, &body))));
 }
 
 #[test]
@@ -167,21 +192,22 @@ fn completions_and_generate_use_a_character_prefix() {
     let ka = full_key("/v1/completions", &a);
     assert_eq!(ka.source, KeySource::Completions);
     assert_eq!(
-        ka,
-        full_key("/v1/completions", &b),
+        ka.hash,
+        full_key("/v1/completions", &b).hash,
         "only the first 2048 chars count"
     );
     let arr = format!(r#"{{"model":"m","prompt":["{long} x","other"]}}"#);
-    assert_eq!(ka, full_key("/v1/completions", &arr));
+    assert_eq!(ka.hash, full_key("/v1/completions", &arr).hash);
     assert_ne!(
-        ka,
-        full_key("/v1/completions", r#"{"model":"m","prompt":"short"}"#)
+        ka.hash,
+        full_key("/v1/completions", r#"{"model":"m","prompt":"short"}"#).hash
     );
-    // A cut prompt already 2048 characters long is complete without the rest of the body.
+    // A cut prompt already 2048 characters long is complete as a key without the rest of the
+    // body.
     let cut = &a.as_bytes()[..4200];
     assert_eq!(
-        key_of("/v1/completions", cut, BodyEnd::More),
-        Extract::Key(ka)
+        routes(key_of("/v1/completions", cut, BodyEnd::More)),
+        routes(Extract::Key(ka))
     );
     assert_eq!(
         key_of("/v1/completions", &a.as_bytes()[..3000], BodyEnd::More),
@@ -330,6 +356,11 @@ fn truncation_at_every_offset_never_panics() {
         match key_of(CHAT, prefix, BodyEnd::More) {
             Extract::NeedMore => {}
             Extract::Key(k) => assert_eq!(k, full, "cut at {cut} gave a different key"),
+            Extract::Deeper(k) => assert_eq!(
+                (k.hash, k.source),
+                (full.hash, full.source),
+                "cut at {cut} gave a different key"
+            ),
         }
         let _ = key_of(CHAT, prefix, BodyEnd::Limit);
         let _ = key_of(CHAT, prefix, BodyEnd::Complete);

@@ -1,4 +1,4 @@
-//! The saturation queue: FIFO, woken by releases, bounded in length and time, and left cleanly
+//! The saturation queue: FIFO within a lane and fair between lanes, woken by releases, bounded in length and time, and left cleanly
 //! by a waiter whose client goes away.
 
 use std::sync::{Arc, Mutex};
@@ -11,6 +11,8 @@ fn one_slot_cluster() -> Arc<Cluster> {
         addr: "10.0.0.1:8000".parse().unwrap(),
         weight: Weight::ONE,
         max_in_flight: 1,
+        tls: None,
+        models: None,
     };
     Arc::new(Cluster::new(&[spec], RingConfig::default()))
 }
@@ -22,6 +24,22 @@ const LIMIT: QueueLimit = QueueLimit {
 
 fn select(c: &Cluster) -> Decision {
     c.select(&Balance::default(), Some(7), &[])
+}
+
+/// A request of `lane` waiting in `cluster`'s line (until aborted), that drops what it takes.
+fn spawn_waiter(
+    cluster: &Arc<Cluster>,
+    lane: u64,
+) -> tokio::task::JoinHandle<Result<(), Rejection>> {
+    let cluster = Arc::clone(cluster);
+    tokio::spawn(async move {
+        cluster
+            .load()
+            .waiters()
+            .admit(LIMIT, lane, || select(&cluster))
+            .await
+            .map(drop)
+    })
 }
 
 async fn settle() {
@@ -36,7 +54,7 @@ async fn waiters_are_served_in_arrival_order_on_release() {
     let (first, _) = cluster
         .load()
         .waiters()
-        .admit(LIMIT, || select(&cluster))
+        .admit(LIMIT, 0, || select(&cluster))
         .await
         .unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -47,7 +65,7 @@ async fn waiters_are_served_in_arrival_order_on_release() {
             let (routed, waited) = cluster
                 .load()
                 .waiters()
-                .admit(LIMIT, || select(&cluster))
+                .admit(LIMIT, 0, || select(&cluster))
                 .await
                 .unwrap();
             order.lock().unwrap().push(i);
@@ -75,6 +93,84 @@ async fn waiters_are_served_in_arrival_order_on_release() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_lanes_burst_does_not_queue_ahead_of_another_lane() {
+    let cluster = one_slot_cluster();
+    let (first, _) = cluster
+        .load()
+        .waiters()
+        .admit(LIMIT, 0, || select(&cluster))
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    // Lane 1 queues four, then lanes 2 and 3 one each.
+    for (lane, name) in [
+        (1, "a1"),
+        (1, "a2"),
+        (1, "a3"),
+        (1, "a4"),
+        (2, "b1"),
+        (3, "c1"),
+    ] {
+        let (cluster, order) = (Arc::clone(&cluster), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let (routed, _) = cluster
+                .load()
+                .waiters()
+                .admit(LIMIT, lane, || select(&cluster))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(routed);
+        }));
+        settle().await;
+    }
+    assert_eq!(cluster.load().waiters().len(), 6);
+    drop(first);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // One of each lane per round; within lane 1, arrival order.
+    assert_eq!(
+        *order.lock().unwrap(),
+        vec!["a1", "b1", "c1", "a2", "a3", "a4"]
+    );
+    assert_eq!(cluster.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lane_leaves_a_quarter_of_the_line_to_the_others() {
+    let cluster = one_slot_cluster();
+    let (_held, _) = cluster
+        .load()
+        .waiters()
+        .admit(LIMIT, 0, || select(&cluster))
+        .await
+        .unwrap();
+    let mut waiting = Vec::new();
+    for _ in 0..6 {
+        waiting.push(spawn_waiter(&cluster, 1));
+        settle().await;
+    }
+    assert_eq!(cluster.load().waiters().len(), 6);
+    // Lane 1 has its three quarters of 8; lane 2 still gets in.
+    let refused = cluster
+        .load()
+        .waiters()
+        .admit(LIMIT, 1, || select(&cluster))
+        .await;
+    assert_eq!(refused.map(drop), Err(Rejection::QueueFull));
+    let other = spawn_waiter(&cluster, 2);
+    settle().await;
+    assert_eq!(cluster.load().waiters().len(), 7);
+    for w in waiting {
+        w.abort();
+    }
+    other.abort();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_full_queue_or_zero_length_rejects_at_once() {
     let cluster = one_slot_cluster();
     let _held = select(&cluster).routed().unwrap();
@@ -85,7 +181,7 @@ async fn a_full_queue_or_zero_length_rejects_at_once() {
     let r = cluster
         .load()
         .waiters()
-        .admit(none, || select(&cluster))
+        .admit(none, 0, || select(&cluster))
         .await;
     assert_eq!(r.err(), Some(Rejection::QueueFull));
 
@@ -97,7 +193,7 @@ async fn a_full_queue_or_zero_length_rejects_at_once() {
     let waiter = tokio::spawn(async move {
         c2.load()
             .waiters()
-            .admit(one, || select(&c2))
+            .admit(one, 0, || select(&c2))
             .await
             .map(|_| ())
     });
@@ -105,7 +201,7 @@ async fn a_full_queue_or_zero_length_rejects_at_once() {
     let r = cluster
         .load()
         .waiters()
-        .admit(one, || select(&cluster))
+        .admit(one, 0, || select(&cluster))
         .await;
     assert_eq!(r.err(), Some(Rejection::QueueFull));
     waiter.abort();
@@ -123,7 +219,7 @@ async fn a_waiter_times_out_and_leaves_the_line() {
     let r = cluster
         .load()
         .waiters()
-        .admit(short, || select(&cluster))
+        .admit(short, 0, || select(&cluster))
         .await;
     assert_eq!(r.err(), Some(Rejection::Timeout));
     assert_eq!(start.elapsed(), Duration::from_millis(250));
@@ -138,7 +234,7 @@ async fn a_cancelled_front_waiter_passes_its_turn_on() {
     let front = tokio::spawn(async move {
         c1.load()
             .waiters()
-            .admit(LIMIT, || select(&c1))
+            .admit(LIMIT, 0, || select(&c1))
             .await
             .map(|_| ())
     });
@@ -148,7 +244,7 @@ async fn a_cancelled_front_waiter_passes_its_turn_on() {
         let (r, _) = c2
             .load()
             .waiters()
-            .admit(LIMIT, || select(&c2))
+            .admit(LIMIT, 0, || select(&c2))
             .await
             .unwrap();
         r.slot.peer().id().to_owned()
@@ -168,7 +264,7 @@ async fn no_peer_is_not_worth_waiting_for() {
     let r = cluster
         .load()
         .waiters()
-        .admit(LIMIT, || select(&cluster))
+        .admit(LIMIT, 0, || select(&cluster))
         .await;
     assert_eq!(r.err(), Some(Rejection::NoPeer));
 }
@@ -183,11 +279,15 @@ async fn a_peer_coming_back_wakes_the_line() {
             addr: "10.0.0.1:8000".parse().unwrap(),
             weight: Weight::ONE,
             max_in_flight: 1,
+            tls: None,
+            models: None,
         },
         PeerSpec {
             addr: "10.0.0.2:8000".parse().unwrap(),
             weight: Weight::ONE,
             max_in_flight: 1,
+            tls: None,
+            models: None,
         },
     ];
     let bigger = Arc::new(cluster.rebuild(&specs, RingConfig::default()));
@@ -197,7 +297,7 @@ async fn a_peer_coming_back_wakes_the_line() {
         let (r, _) = c
             .load()
             .waiters()
-            .admit(LIMIT, || select(&c))
+            .admit(LIMIT, 0, || select(&c))
             .await
             .unwrap();
         r.slot.peer().id().to_owned()

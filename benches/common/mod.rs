@@ -30,7 +30,14 @@ impl Drop for Sims {
 
 /// `n` simulated GPUs, with gpu-sim's command-line `args` for the model.
 pub async fn start_sims(n: usize, args: &[String]) -> (Sims, Vec<SocketAddr>) {
-    let addrs: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
+    // Ports only looked up free: the kernel may hand the same one out twice in a row.
+    let mut addrs: Vec<SocketAddr> = Vec::with_capacity(n);
+    while addrs.len() < n {
+        let a = free_addr();
+        if !addrs.contains(&a) {
+            addrs.push(a);
+        }
+    }
     let mut argv = vec!["gpu-sim".to_owned()];
     for a in &addrs {
         argv.extend(["--listen".to_owned(), a.to_string()]);

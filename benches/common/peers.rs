@@ -115,6 +115,7 @@ pub async fn start_haproxy(
     balance: &str,
     pinned: bool,
     maxconn: usize,
+    bind_options: &str,
 ) -> Result<(SocketAddr, Killed), String> {
     let haproxy = find_or_install("haproxy", "haproxy")?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -125,7 +126,7 @@ pub async fn start_haproxy(
         .map(|(i, u)| format!("  server e{i} {u}\n"))
         .collect();
     let config = format!(
-        "global\n  nbthread 1\n  maxconn {maxconn}\ndefaults\n  mode http\n  timeout connect 3s\n  timeout client 120s\n  timeout server 120s\n  http-reuse always\nfrontend lb\n  bind {addr}\n  default_backend engines\nbackend engines\n  balance {balance}\n{servers}"
+        "global\n  nbthread 1\n  maxconn {maxconn}\ndefaults\n  mode http\n  timeout connect 3s\n  timeout client 120s\n  timeout server 120s\n  http-reuse always\nfrontend lb\n  bind {addr} {bind_options}\n  default_backend engines\nbackend engines\n  balance {balance}\n{servers}"
     );
     let path = dir.path().join("haproxy.cfg");
     std::fs::write(&path, config).map_err(|e| e.to_string())?;

@@ -35,7 +35,7 @@ fuzz_target!(|input: &[u8]| {
             body,
             end,
         }) {
-            Extract::Key(k) => Some(routes(k)),
+            Extract::Key(k) | Extract::Deeper(k) => Some(routes(k)),
             Extract::NeedMore => None,
         }
     };

@@ -1,6 +1,7 @@
 //! From the file to the settings: every value checked on the way, every error naming its field.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -13,8 +14,9 @@ use crate::routing::{
     MAX_WEIGHT, UNLIMITED,
 };
 use crate::settings::{
-    AdminSettings, Discovery, Dns, DnsQuery, EngineMetrics, ForwardingSettings, HealthCheck,
-    PeekLimits, ProxySettings, RouterSettings, Settings, Upstream,
+    AdminSettings, Auth, Discovery, Dns, DnsQuery, EngineMetrics, ForwardingSettings, HealthCheck,
+    Listener, ModelDiscovery, PeekLimits, ProxySettings, Registry, RouterSettings, Settings,
+    TlsFiles, Upstream, UpstreamTls,
 };
 
 fn at_least_one(field: &str, n: u64) -> Result<(), ConfigError> {
@@ -57,6 +59,57 @@ fn path(field: &str, p: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// `host` of `host:port` (an IPv6 address without its brackets).
+fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// A file named in the configuration, as an absolute path (a daemon runs from /), kept as
+/// written otherwise: a symlink is followed at each read, as certbot's `live/` links and
+/// Kubernetes' secret mounts are renewed by repointing them.
+fn existing_file(field: &str, path: &std::path::Path) -> Result<PathBuf, ConfigError> {
+    let fail = |e: std::io::Error| ConfigError::new(field, format!("{}: {e}", path.display()));
+    std::fs::metadata(path).map_err(fail)?;
+    std::path::absolute(path).map_err(fail)
+}
+
+fn listener(i: usize, l: &schema::Listen) -> Result<Listener, ConfigError> {
+    let field = format!("listen[{i}]");
+    Ok(match l {
+        schema::Listen::Addr(addr) => Listener {
+            addr: socket_addr(&field, addr)?,
+            tls: None,
+        },
+        schema::Listen::Full(full) => Listener {
+            addr: socket_addr(&format!("{field}.addr"), &full.addr)?,
+            tls: match &full.tls {
+                Some(tls) => Some(TlsFiles {
+                    cert: existing_file(&format!("{field}.tls.cert"), &tls.cert)?,
+                    key: existing_file(&format!("{field}.tls.key"), &tls.key)?,
+                }),
+                None => None,
+            },
+        },
+    })
+}
+
+fn upstream_tls(t: &schema::UpstreamTlsFile) -> Result<UpstreamTls, ConfigError> {
+    let field = "upstream.tls.ca_file";
+    let ca = match &t.ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path)
+                .map_err(|e| ConfigError::new(field, format!("{}: {e}", path.display())))?;
+            Some(crate::tls::ca_bundle(&pem)?)
+        }
+        None => None,
+    };
+    Ok(UpstreamTls {
+        ca,
+        verify: t.verify,
+    })
+}
+
 /// The peers as the routing core takes them; hostnames are resolved here, once.
 pub fn peers(peers: &[schema::Peer]) -> Result<Vec<PeerSpec>, ConfigError> {
     let mut specs: Vec<PeerSpec> = Vec::with_capacity(peers.len());
@@ -76,10 +129,20 @@ pub fn peers(peers: &[schema::Peer]) -> Result<Vec<PeerSpec>, ConfigError> {
                 format!("{addr} is listed twice"),
             ));
         }
+        if p.sni.is_some() && !p.tls {
+            return Err(ConfigError::new(
+                field("sni"),
+                "is for peers with tls: true",
+            ));
+        }
         specs.push(PeerSpec {
             addr,
             weight: weight(&field("weight"), p.weight)?,
             max_in_flight: ceiling(&field("max_in_flight"), p.max_in_flight)?,
+            tls: p
+                .tls
+                .then(|| p.sni.clone().unwrap_or_else(|| host_of(&p.addr).to_owned())),
+            models: p.models.clone(),
         });
     }
     Ok(specs)
@@ -94,13 +157,30 @@ impl File {
             .listen
             .iter()
             .enumerate()
-            .map(|(i, l)| socket_addr(&format!("listen[{i}]"), l))
-            .collect::<Result<_, _>>()?;
+            .map(|(i, l)| listener(i, l))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, l) in listen.iter().enumerate() {
+            if listen[..i].iter().any(|other| other.addr == l.addr) {
+                return Err(ConfigError::new(
+                    format!("listen[{i}]"),
+                    format!("{} is listed twice", l.addr),
+                ));
+            }
+        }
+        let auth = match &self.auth {
+            Some(a) => Some(Auth {
+                keys_file: existing_file("auth.keys_file", &a.keys_file)?,
+                forward_key: a.forward_key,
+            }),
+            None => None,
+        };
         let peers = peers(&self.peers)?;
         let router = router(&self.routing, &self.outlier)?;
         let proxy = proxy(&self)?;
         Ok(Settings {
             listen,
+            h2c: self.h2c,
+            auth,
             router,
             proxy,
             admin: admin(self.admin)?,
@@ -108,6 +188,16 @@ impl File {
             discovery: discovery(self.discovery, !peers.is_empty())?,
             health_check: health_check(self.health_check)?,
             engine_metrics: engine_metrics(self.engine_metrics)?,
+            model_discovery: match self.models.discover {
+                true => {
+                    let interval = millis("models.interval_ms", self.models.interval_ms)?;
+                    Some(ModelDiscovery {
+                        interval,
+                        timeout: interval.min(Duration::from_secs(2)),
+                    })
+                }
+                false => None,
+            },
             peers,
         })
     }
@@ -136,6 +226,9 @@ fn admin(a: schema::Admin) -> Result<Option<AdminSettings>, ConfigError> {
     }))
 }
 
+/// The record's largest budget: 4 GiB, millions of prompts' worth.
+const MAX_RECORD_MIB: usize = 4096;
+
 fn router(r: &schema::Routing, o: &schema::Outlier) -> Result<RouterSettings, ConfigError> {
     if let Some(c) = r.balance_factor {
         if !(c.is_finite() && c >= 1.0) {
@@ -159,6 +252,12 @@ fn router(r: &schema::Routing, o: &schema::Outlier) -> Result<RouterSettings, Co
             format!("must be from 1 to {MAX_CANDIDATES}"),
         ));
     }
+    if !(1..=MAX_RECORD_MIB).contains(&r.prefix_record_mib) {
+        return Err(ConfigError::new(
+            "routing.prefix_record_mib",
+            format!("must be from 1 to {MAX_RECORD_MIB}"),
+        ));
+    }
     let base_ejection = millis("outlier.base_ejection_ms", o.base_ejection_ms)?;
     if o.max_ejection_ms < o.base_ejection_ms {
         return Err(ConfigError::new(
@@ -180,6 +279,7 @@ fn router(r: &schema::Routing, o: &schema::Outlier) -> Result<RouterSettings, Co
         ring: RingConfig {
             vnodes_per_weight: r.vnodes_per_weight,
         },
+        record_bytes: r.prefix_record_mib << 20,
         outlier: OutlierPolicy {
             consecutive_failures: o.consecutive_failures,
             base_ejection,
@@ -257,7 +357,14 @@ fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
             "must be at least 1 when max_waiting is above 0",
         ));
     }
+    if f.models.default.as_deref() == Some("") {
+        return Err(ConfigError::new(
+            "models.default",
+            "must not be empty (omit it for none)",
+        ));
+    }
     Ok(ProxySettings {
+        default_model: f.models.default.clone(),
         peek: PeekLimits {
             peek_limit: f.routing.peek_limit_bytes,
             max_body: f.limits.max_body_bytes,
@@ -270,6 +377,7 @@ fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
             write_timeout: millis("upstream.write_timeout_ms", u.write_timeout_ms)?,
             idle_timeout: millis("upstream.idle_timeout_ms", u.idle_timeout_ms)?,
             connect_retries: u.connect_retries,
+            tls: upstream_tls(&u.tls)?,
         },
         queue: QueueLimit {
             max_waiting: q.max_waiting,
@@ -367,21 +475,30 @@ fn forwarding(
 }
 
 fn discovery(d: schema::DiscoveryFile, has_peers: bool) -> Result<Discovery, ConfigError> {
-    if (d.peers_file.is_some() || d.dns.is_some()) && has_peers {
+    let sources = [d.peers_file.is_some(), d.dns.is_some(), d.redis.is_some()];
+    if sources.iter().any(|&s| s) && has_peers {
         return Err(ConfigError::new(
             "peers",
-            "must be empty when discovery.peers_file or discovery.dns gives the peers",
+            "must be empty when discovery.peers_file, dns or redis gives the peers",
+        ));
+    }
+    if sources.iter().filter(|&&s| s).count() > 1 {
+        return Err(ConfigError::new(
+            "discovery",
+            "peers_file, dns and redis are separate sources: choose one",
         ));
     }
     let interval = millis("discovery.reload_interval_ms", d.reload_interval_ms)?;
+    if let Some(redis) = d.redis {
+        return Ok(Discovery::Redis(Registry {
+            url: redis.url,
+            prefix: redis.prefix,
+            interval: millis("discovery.redis.interval_ms", redis.interval_ms)?,
+        }));
+    }
     Ok(match (d.peers_file, d.dns) {
-        (Some(_), Some(_)) => {
-            return Err(ConfigError::new(
-                "discovery",
-                "peers_file and dns are two sources: choose one",
-            ))
-        }
-        (Some(path), None) => Discovery::PeersFile { path, interval },
+        // Both at once were refused above.
+        (Some(path), _) => Discovery::PeersFile { path, interval },
         (None, Some(dns)) => Discovery::Dns(Dns {
             query: match (dns.record, dns.port) {
                 (DnsRecord::A, Some(port)) => DnsQuery::A { port },
@@ -396,6 +513,16 @@ fn discovery(d: schema::DiscoveryFile, has_peers: bool) -> Result<Discovery, Con
             interval: millis("discovery.dns.interval_ms", dns.interval_ms)?,
             weight: weight("discovery.dns.weight", dns.weight)?,
             max_in_flight: ceiling("discovery.dns.max_in_flight", dns.max_in_flight)?,
+            tls: match (dns.tls, dns.sni) {
+                (true, sni) => Some(sni.unwrap_or_else(|| dns.name.clone())),
+                (false, None) => None,
+                (false, Some(_)) => {
+                    return Err(ConfigError::new(
+                        "discovery.dns.sni",
+                        "is for peers with tls: true",
+                    ))
+                }
+            },
             failures_before_removal: {
                 let n = dns.failures_before_removal;
                 at_least_one("discovery.dns.failures_before_removal", n.into())?;

@@ -27,7 +27,10 @@ fn weight_one() -> u32 {
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct File {
-    pub listen: Vec<String>,
+    pub listen: Vec<Listen>,
+    /// Whether plain listeners take HTTP/2 without TLS too.
+    pub h2c: bool,
+    pub auth: Option<AuthFile>,
     pub peers: Vec<Peer>,
     pub routing: Routing,
     pub queue: Queue,
@@ -39,6 +42,7 @@ pub struct File {
     pub outlier: Outlier,
     pub forwarding: Forwarding,
     pub engine_metrics: EngineMetricsFile,
+    pub models: ModelsFile,
     /// One line per request on standard output: plain, json or off.
     pub access_log: AccessLogFormat,
     /// The secret the log's key hashes are keyed with (the same on every replica, for logs
@@ -49,7 +53,9 @@ pub struct File {
 impl Default for File {
     fn default() -> Self {
         Self {
-            listen: vec![Settings::DEFAULT_LISTEN.into()],
+            listen: vec![Listen::Addr(Settings::DEFAULT_LISTEN.into())],
+            h2c: false,
+            auth: None,
             peers: Vec::new(),
             routing: Routing::default(),
             queue: Queue::default(),
@@ -61,10 +67,44 @@ impl Default for File {
             outlier: Outlier::default(),
             forwarding: Forwarding::default(),
             engine_metrics: EngineMetricsFile::default(),
+            models: ModelsFile::default(),
             access_log: AccessLogFormat::default(),
             access_log_key: None,
         }
     }
+}
+
+/// A listener: `ip:port`, or `{addr, tls: {cert, key}}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Listen {
+    Addr(String),
+    Full(ListenFull),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenFull {
+    pub addr: String,
+    #[serde(default)]
+    pub tls: Option<ListenTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenTls {
+    /// The certificate chain, leaf first (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthFile {
+    pub keys_file: PathBuf,
+    #[serde(default)]
+    pub forward_key: bool,
 }
 
 /// A peers file: just the peers.
@@ -85,6 +125,15 @@ pub struct Peer {
     /// Fixed in-flight ceiling; absent for none.
     #[serde(default)]
     pub max_in_flight: Option<u32>,
+    /// Whether the peer is reached over TLS.
+    #[serde(default)]
+    pub tls: bool,
+    /// The name its certificate is checked for; the host of `addr` when absent.
+    #[serde(default)]
+    pub sni: Option<String>,
+    /// The models (and LoRA adapters) it serves; absent: learned from its `/v1/models`, or any.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -99,6 +148,8 @@ pub struct Routing {
     pub candidates: u32,
     /// Whether a conversation new to this process goes where its system prompt went.
     pub shared_prefix_placement: bool,
+    /// Memory of the record of where prompt blocks went, in MiB.
+    pub prefix_record_mib: usize,
     pub vnodes_per_weight: u32,
     /// How much of a prompt-carrying body is read, at most, to find its key.
     pub peek_limit_bytes: usize,
@@ -116,6 +167,7 @@ impl Default for Routing {
             prefill_tokens_per_second: balance.cost.prefill_tokens_per_sec,
             candidates: balance.cost.candidates,
             shared_prefix_placement: balance.cost.shared_prefix_placement,
+            prefix_record_mib: crate::routing::record::DEFAULT_BYTES >> 20,
             vnodes_per_weight: RingConfig::default().vnodes_per_weight,
             peek_limit_bytes: PeekLimits::default().peek_limit,
             peek_timeout_ms: ms(PeekLimits::default().deadline),
@@ -207,6 +259,25 @@ pub struct Upstream {
     pub write_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub connect_retries: usize,
+    pub tls: UpstreamTlsFile,
+}
+
+/// How engines reached over TLS are checked.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamTlsFile {
+    /// CA certificates to trust (PEM); the system's when absent.
+    pub ca_file: Option<PathBuf>,
+    pub verify: bool,
+}
+
+impl Default for UpstreamTlsFile {
+    fn default() -> Self {
+        Self {
+            ca_file: None,
+            verify: settings::UpstreamTls::default().verify,
+        }
+    }
 }
 
 impl Default for Upstream {
@@ -218,6 +289,7 @@ impl Default for Upstream {
             write_timeout_ms: ms(u.write_timeout),
             idle_timeout_ms: ms(u.idle_timeout),
             connect_retries: u.connect_retries,
+            tls: UpstreamTlsFile::default(),
         }
     }
 }
@@ -247,8 +319,27 @@ pub struct DiscoveryFile {
     /// How often a peers file (or this file) is checked for changes.
     pub reload_interval_ms: u64,
     pub dns: Option<DnsFile>,
+    pub redis: Option<RedisFile>,
     /// Whether a reload may leave no peer at all.
     pub allow_empty: bool,
+}
+
+fn registry_prefix() -> String {
+    settings::Registry::DEFAULT_PREFIX.into()
+}
+
+fn registry_interval_ms() -> u64 {
+    ms(settings::Registry::DEFAULT_INTERVAL)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisFile {
+    pub url: String,
+    #[serde(default = "registry_prefix")]
+    pub prefix: String,
+    #[serde(default = "registry_interval_ms")]
+    pub interval_ms: u64,
 }
 
 impl Default for DiscoveryFile {
@@ -257,6 +348,7 @@ impl Default for DiscoveryFile {
             peers_file: None,
             reload_interval_ms: ms(Discovery::DEFAULT_INTERVAL),
             dns: None,
+            redis: None,
             allow_empty: false,
         }
     }
@@ -295,6 +387,12 @@ pub struct DnsFile {
     pub weight: u32,
     #[serde(default)]
     pub max_in_flight: Option<u32>,
+    /// Whether the peers are reached over TLS, their certificates checked for `name` (or
+    /// `sni`).
+    #[serde(default)]
+    pub tls: bool,
+    #[serde(default)]
+    pub sni: Option<String>,
     #[serde(default = "dns_failures_before_removal")]
     pub failures_before_removal: u32,
 }
@@ -386,6 +484,29 @@ impl Default for EngineMetricsFile {
             path: e.path,
             interval_ms: ms(e.interval),
             timeout_ms: ms(e.timeout),
+        }
+    }
+}
+
+/// Pools by model.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelsFile {
+    /// The model of a request that names none.
+    pub default: Option<String>,
+    /// Whether a peer that lists no models is asked for its `/v1/models`. Off by default: an
+    /// engine's list names its model, and requests naming another (as clients written for any
+    /// OpenAI endpoint do) would then find no pool.
+    pub discover: bool,
+    pub interval_ms: u64,
+}
+
+impl Default for ModelsFile {
+    fn default() -> Self {
+        Self {
+            default: None,
+            discover: false,
+            interval_ms: ms(settings::ModelDiscovery::DEFAULT_INTERVAL),
         }
     }
 }

@@ -7,17 +7,14 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::BytesMut;
-use pingora::connectors::http::Connector;
-use pingora::http::RequestHeader;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use pingora::upstreams::peer::HttpPeer;
 
+use super::probe::Probe;
 use crate::metrics;
 use crate::router::Router;
 use crate::routing::{EngineReport, Peer};
-use crate::settings::EngineMetrics;
+use crate::settings::{EngineMetrics, UpstreamTls};
 
 /// The most of a metrics page read: an engine's is a few tens of KiB.
 const MAX_PAGE: usize = 4 * 1024 * 1024;
@@ -33,18 +30,18 @@ const KV_CACHE: &[&str] = &[
 pub struct EngineFeedback {
     router: Arc<Router>,
     settings: EngineMetrics,
-    connector: Connector,
+    probe: Probe,
     /// Peers whose last scrape failed, so that a failure is logged when it starts, not on
     /// every tick.
     failing: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl EngineFeedback {
-    pub fn new(router: Arc<Router>, settings: EngineMetrics) -> Self {
+    pub fn new(router: Arc<Router>, settings: EngineMetrics, tls: UpstreamTls) -> Self {
         Self {
             router,
             settings,
-            connector: Connector::new(None),
+            probe: Probe::new(tls),
             failing: Default::default(),
         }
     }
@@ -84,51 +81,10 @@ impl EngineFeedback {
     }
 
     async fn page(&self, peer: &Peer) -> Result<String, String> {
-        let mut target = HttpPeer::new(peer.addr(), false, String::new());
-        target.options.connection_timeout = Some(self.settings.timeout);
-        target.options.read_timeout = Some(self.settings.timeout);
-        target.options.idle_timeout = Some(self.settings.interval * 4);
-        let (mut session, _) = self
-            .connector
-            .get_http_session(&target)
+        let s = &self.settings;
+        self.probe
+            .get(peer, &s.path, s.timeout, s.interval * 4, MAX_PAGE)
             .await
-            .map_err(|e| e.to_string())?;
-        let mut request = RequestHeader::build("GET", self.settings.path.as_bytes(), None)
-            .map_err(|e| e.to_string())?;
-        request
-            .insert_header(http::header::HOST, peer.id())
-            .map_err(|e| e.to_string())?;
-        session
-            .write_request_header(Box::new(request))
-            .await
-            .map_err(|e| e.to_string())?;
-        session
-            .finish_request_body()
-            .await
-            .map_err(|e| e.to_string())?;
-        session
-            .read_response_header()
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = session.response_header().map_or(0, |h| h.status.as_u16());
-        if status != 200 {
-            return Err(format!("status {status}"));
-        }
-        let mut page = BytesMut::new();
-        while let Some(chunk) = session
-            .read_response_body()
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            page.extend_from_slice(&chunk);
-            if page.len() > MAX_PAGE {
-                return Err(format!("a page over {MAX_PAGE} bytes"));
-            }
-        }
-        self.connector
-            .release_http_session(session, &target, Some(self.settings.interval * 4))
-            .await;
-        String::from_utf8(page.to_vec()).map_err(|_| "a page that is not UTF-8".to_owned())
     }
 }
 
@@ -164,15 +120,8 @@ pub fn parse(page: &str) -> Result<EngineReport, String> {
 
 #[async_trait]
 impl BackgroundService for EngineFeedback {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(self.settings.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => self.scrape_all().await,
-            }
-        }
+    async fn start(&self, shutdown: ShutdownWatch) {
+        super::every(self.settings.interval, shutdown, || self.scrape_all()).await;
     }
 }
 

@@ -2,13 +2,18 @@
 //! new cluster in when either changes. It runs as a Pingora background service, off the
 //! request path.
 //!
-//! Health checks are pingora-load-balancing's: a `Backends` view over the current cluster
-//! members with an `HttpHealthCheck`, in a registry keyed by address alone, so that a peer keeps
-//! its health across weight changes and reloads.
+//! Health checks run through pingora-load-balancing: a `Backends` view over the current cluster
+//! members with a [`probe::HealthProbe`] (each peer over its own transport, plain or TLS), in
+//! a registry keyed by address alone, so that a peer keeps its health across weight changes and
+//! reloads.
 
 pub mod engine;
+pub mod models;
+pub mod probe;
+pub mod registry;
 pub mod shared_load;
 pub mod source;
+pub mod watch;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
@@ -17,19 +22,35 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pingora::http::RequestHeader;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use pingora_load_balancing::discovery::ServiceDiscovery;
-use pingora_load_balancing::health_check::HttpHealthCheck;
 use pingora_load_balancing::{Backend, Backends, HealthRegistry};
 use tokio::sync::Mutex;
 
 use crate::config::ConfigError;
 use crate::metrics;
 use crate::router::Router;
-use crate::settings::HealthCheck;
+use crate::settings::{HealthCheck, UpstreamTls};
+use probe::{HealthProbe, Probe};
 use source::PeerSource;
+
+/// Runs `round` every `interval` (the first at once), off the request path, until shutdown; a
+/// round that overruns delays the next rather than piling up.
+pub async fn every<F, Fut>(interval: Duration, mut shutdown: ShutdownWatch, mut round: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => round().await,
+        }
+    }
+}
 
 pub struct ControlPlane {
     router: Arc<Router>,
@@ -62,21 +83,19 @@ impl ControlPlane {
         source: PeerSource,
         allow_empty: bool,
         health: Option<&HealthCheck>,
+        tls: &UpstreamTls,
     ) -> pingora::Result<Self> {
         let registry = Arc::new(HealthRegistry::with_equivalence(address_key));
         let health = if let Some(health) = health {
-            let mut check = HttpHealthCheck::new("prefixlb", false);
-            let mut req = RequestHeader::build("GET", health.path.as_bytes(), None)?;
-            req.insert_header("host", "prefixlb")?;
-            check.req = req;
-            check.consecutive_success = health.healthy_after;
-            check.consecutive_failure = health.unhealthy_after;
-            let timeout = health.timeout;
-            check.peer_template.options.connection_timeout = Some(timeout);
-            check.peer_template.options.total_connection_timeout = Some(timeout);
-            check.peer_template.options.read_timeout = Some(timeout);
-            check.peer_template.options.write_timeout = Some(timeout);
-            registry.set_health_check(Box::new(check));
+            registry.set_health_check(Box::new(HealthProbe {
+                probe: Probe::new(tls.clone()),
+                router: Arc::clone(&router),
+                path: health.path.clone(),
+                timeout: health.timeout,
+                interval: health.interval,
+                healthy_after: health.healthy_after,
+                unhealthy_after: health.unhealthy_after,
+            }));
             Some((Arc::clone(&registry), health.interval))
         } else {
             None

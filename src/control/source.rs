@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
@@ -10,6 +10,8 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::rr::RData;
 use hickory_resolver::TokioResolver;
 
+use super::registry::RegistrySource;
+use super::watch::SettledFile;
 use crate::config::{self, ConfigError};
 use crate::routing::{PeerSpec, Weight};
 use crate::settings::{Discovery, Dns, DnsQuery};
@@ -20,13 +22,11 @@ pub enum PeerSource {
     /// A file of its own.
     PeersFile(FileSource),
     Dns(DnsSource),
+    Redis(Box<RegistrySource>),
 }
 
 pub struct FileSource {
-    path: PathBuf,
-    /// What the file held when it was last read, so that an unchanged file is not parsed, and
-    /// the inode it was read from.
-    last: Option<(String, u64)>,
+    file: SettledFile,
     interval: Duration,
 }
 
@@ -39,8 +39,7 @@ pub struct DnsSource {
 impl PeerSource {
     pub fn new(discovery: &Discovery, config_path: &Path) -> Result<Self, ConfigError> {
         let file = |path: &Path, interval: Duration| FileSource {
-            path: path.to_owned(),
-            last: None,
+            file: SettledFile::new(path.to_owned()),
             interval,
         };
         Ok(match discovery {
@@ -52,6 +51,9 @@ impl PeerSource {
                 // A resolver that cannot be built is a configuration error: say so at start.
                 source.resolver()?;
                 PeerSource::Dns(source)
+            }
+            Discovery::Redis(registry) => {
+                PeerSource::Redis(Box::new(RegistrySource::new(registry)?))
             }
             // Relative to where prefixlb started, not to / where a daemon runs.
             Discovery::PeersFile { path, interval } => PeerSource::PeersFile(file(
@@ -67,8 +69,11 @@ impl PeerSource {
 
     pub fn label(&self) -> String {
         match self {
-            PeerSource::ConfigFile(f) | PeerSource::PeersFile(f) => f.path.display().to_string(),
+            PeerSource::ConfigFile(f) | PeerSource::PeersFile(f) => {
+                f.file.path().display().to_string()
+            }
             PeerSource::Dns(d) => format!("dns {}", d.settings.name),
+            PeerSource::Redis(r) => r.label(),
         }
     }
 
@@ -76,6 +81,14 @@ impl PeerSource {
         match self {
             PeerSource::ConfigFile(f) | PeerSource::PeersFile(f) => f.interval,
             PeerSource::Dns(d) => d.settings.interval,
+            PeerSource::Redis(r) => r.interval(),
+        }
+    }
+
+    /// Drops the connections the source keeps: they belong to the runtime they were made on.
+    pub fn disconnect(&mut self) {
+        if let PeerSource::Redis(r) = self {
+            r.disconnect();
         }
     }
 
@@ -84,8 +97,9 @@ impl PeerSource {
     pub async fn load(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError> {
         let (text, whole_config) = match self {
             PeerSource::Dns(d) => return d.resolve().await.map(Some),
-            PeerSource::ConfigFile(f) => (f.changed(force).await?, true),
-            PeerSource::PeersFile(f) => (f.changed(force).await?, false),
+            PeerSource::Redis(r) => return r.read().await.map(Some),
+            PeerSource::ConfigFile(f) => (f.file.changed(force).await?, true),
+            PeerSource::PeersFile(f) => (f.file.changed(force).await?, false),
         };
         let Some(text) = text else {
             return Ok(None);
@@ -101,47 +115,6 @@ impl PeerSource {
         .await
         .map_err(|e| ConfigError::new("", format!("reading the peers failed: {e}")))?;
         parsed.map(Some)
-    }
-}
-
-/// How long a file changed in place must stay as it is before it is read as the new list: a
-/// writer that does not write-then-rename is caught mid-write otherwise.
-const SETTLE: Duration = Duration::from_millis(200);
-
-impl FileSource {
-    /// The file's text and inode.
-    async fn read(&self) -> Result<(String, u64), ConfigError> {
-        let fail = |e: std::io::Error| {
-            ConfigError::new("", format!("cannot read {}: {e}", self.path.display()))
-        };
-        let meta = tokio::fs::metadata(&self.path).await.map_err(fail)?;
-        let text = tokio::fs::read_to_string(&self.path).await.map_err(fail)?;
-        Ok((text, std::os::unix::fs::MetadataExt::ino(&meta)))
-    }
-
-    async fn changed(&mut self, force: bool) -> Result<Option<String>, ConfigError> {
-        let read = self.read().await?;
-        let in_place = match &self.last {
-            Some((text, _)) if !force && *text == read.0 => return Ok(None),
-            Some((_, inode)) => *inode == read.1,
-            // The first read may meet a writer mid-write as well as any later one.
-            None => true,
-        };
-        // A file put in place by a rename is whole; one rewritten in place (or met for the
-        // first time) may still be growing.
-        if in_place {
-            tokio::time::sleep(SETTLE).await;
-            if self.read().await?.0 != read.0 {
-                log::debug!(
-                    "{} is being written: read again at the next check",
-                    self.path.display()
-                );
-                return Ok(None);
-            }
-        }
-        let text = read.0.clone();
-        self.last = Some(read);
-        Ok(Some(text))
     }
 }
 
@@ -184,6 +157,8 @@ impl DnsSource {
             addr,
             weight,
             max_in_flight: c.max_in_flight,
+            tls: c.tls.clone(),
+            models: None,
         };
         let mut specs = Vec::new();
         match c.query {

@@ -7,7 +7,8 @@ use bytes::Bytes;
 
 use super::error::ApiError;
 use crate::lifecycle::Request;
-use crate::routing::{Demand, Peer, Route, Routed, RoutingKey, Slot};
+use crate::routing::{Demand, KeySource, Peer, Route, Routed, Slot};
+use crate::tenants::{Tenant, TenantSlot};
 
 pub struct RequestCtx {
     pub(super) arrived: Instant,
@@ -16,8 +17,9 @@ pub struct RequestCtx {
     pub(super) first_byte: Option<Duration>,
     /// The status the upstream answered with, if it answered.
     pub(super) upstream_status: Option<u16>,
-    pub(super) key: Option<RoutingKey>,
-    /// The key's point and the prompt's size, as the choice of peer prices them.
+    /// Where the key came from, once read; its point is the demand's.
+    pub(super) key_source: Option<KeySource>,
+    /// The key's point, the prompt's size and blocks, as the choice of peer prices them.
     pub(super) demand: Demand,
     /// Passed on to the engine, echoed to the client and logged.
     pub(super) request_id: Option<String>,
@@ -37,6 +39,10 @@ pub struct RequestCtx {
     pub(super) peek_held: Option<super::peek::Held>,
     /// The client asked for 100 Continue and got it from here: the upstream must not be asked.
     pub(super) continued: bool,
+    /// The client's tenant, when API keys are on: named in the log even when refused.
+    pub(super) client: Option<Arc<Tenant>>,
+    /// The tenant's hold on one of its concurrent requests, once admitted.
+    pub(super) tenant: Option<TenantSlot>,
     /// The error to answer with, when a hook failed on purpose.
     pub(super) error: Option<ApiError>,
     /// Keeps a draining process alive until the request ends.
@@ -50,7 +56,7 @@ impl RequestCtx {
             chosen: None,
             first_byte: None,
             upstream_status: None,
-            key: None,
+            key_source: None,
             demand: Demand::default(),
             request_id: None,
             slot: None,
@@ -61,6 +67,8 @@ impl RequestCtx {
             unreplayed_due: false,
             peek_held: None,
             continued: false,
+            client: None,
+            tenant: None,
             error: None,
             _serving: serving,
         }

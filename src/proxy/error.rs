@@ -8,11 +8,12 @@ use pingora::proxy::Session;
 use pingora::{Error, ErrorSource, ErrorType};
 
 use crate::routing::Rejection;
+use crate::tenants::{AuthFailure, OverLimit};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
     pub status: u16,
-    /// OpenAI's error `type`: `invalid_request_error` or `server_error`.
+    /// OpenAI's error `type`: `invalid_request_error`, `server_error`, or `requests` for a rate limit.
     pub kind: &'static str,
     pub code: &'static str,
     pub message: String,
@@ -93,6 +94,50 @@ impl ApiError {
         }
     }
 
+    /// A request without a listed API key, told the way OpenAI tells it.
+    pub fn unauthorized(why: AuthFailure) -> Self {
+        let message = match why {
+            AuthFailure::Missing => {
+                "You didn't provide an API key. Send it in the Authorization header: Authorization: Bearer YOUR_KEY"
+            }
+            AuthFailure::Invalid => "Incorrect API key provided.",
+        };
+        Self {
+            status: 401,
+            kind: "invalid_request_error",
+            code: "invalid_api_key",
+            message: message.into(),
+            retry_after_secs: None,
+        }
+    }
+
+    /// A tenant over one of its limits.
+    pub fn over_limit(over: OverLimit) -> Self {
+        let message = match over {
+            OverLimit::Concurrency => "too many concurrent requests for this API key",
+            OverLimit::Requests(_) => "request rate limit reached for this API key",
+            OverLimit::PromptBytes(_) => "prompt size rate limit reached for this API key",
+        };
+        Self {
+            status: 429,
+            kind: "requests",
+            code: "rate_limit_exceeded",
+            message: message.into(),
+            retry_after_secs: Some(over.retry_after_secs()),
+        }
+    }
+
+    /// A model no peer serves, told the way OpenAI tells it.
+    pub fn model_not_found(model: &str) -> Self {
+        Self {
+            status: 404,
+            kind: "invalid_request_error",
+            code: "model_not_found",
+            message: format!("The model `{model}` does not exist or you do not have access to it."),
+            retry_after_secs: None,
+        }
+    }
+
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status: 400,
@@ -155,6 +200,9 @@ impl ApiError {
         if let Some(secs) = self.retry_after_secs {
             h.insert_header("retry-after", secs.to_string())?;
         }
+        if self.status == 401 {
+            h.insert_header("www-authenticate", "Bearer")?;
+        }
         if let Some((name, id)) = request_id {
             h.insert_header(name.clone(), id)?;
         }
@@ -177,7 +225,8 @@ impl ApiError {
 
     /// Writes the error, then reads and drops what the client still sends of its body, for a
     /// while, before the connection closes: closing on unread bytes resets the connection, and
-    /// a client still writing its body would see the reset instead of this answer.
+    /// a client still writing its body would see the reset instead of this answer. A client
+    /// without a valid key gets nothing of its body read, not even to drop it.
     pub async fn send_and_close(
         &self,
         session: &mut Session,
@@ -185,7 +234,7 @@ impl ApiError {
     ) -> pingora::Result<()> {
         session.set_keepalive(None);
         self.send(session, request_id).await?;
-        if !session.is_body_done() {
+        if self.status != 401 && !session.is_body_done() {
             let _ = tokio::time::timeout(LINGER, session.drain_request_body()).await;
         }
         Ok(())

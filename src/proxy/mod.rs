@@ -27,8 +27,12 @@ use crate::control::shared_load::SharedLoad;
 use crate::lifecycle::Activity;
 use crate::metrics;
 use crate::router::Router;
-use crate::routing::{is_peer_fault, Decision, Peer, Rejection};
+use crate::routing::{is_peer_fault, Decision, KeySource, Peer, PoolChoice, Rejection};
+
+/// The model list's path, which prefixlb answers itself when it routes by model.
+const MODELS_PATH: &str = "/v1/models";
 use crate::settings::ProxySettings;
+use crate::tenants::ClientAuth;
 use ctx::RequestCtx;
 use error::{status_for, ApiError};
 use forwarding::Forwarding;
@@ -42,6 +46,7 @@ pub struct PrefixLb {
     peek_memory: Arc<PeekMemory>,
     activity: Arc<Activity>,
     shared: Arc<SharedLoad>,
+    auth: Option<ClientAuth>,
 }
 
 impl PrefixLb {
@@ -59,7 +64,59 @@ impl PrefixLb {
             settings,
             activity,
             shared,
+            auth: None,
         }
+    }
+
+    /// Serves only clients with a listed API key, each within its tenant's limits.
+    pub fn with_auth(self, auth: ClientAuth) -> Self {
+        Self {
+            auth: Some(auth),
+            ..self
+        }
+    }
+
+    /// Takes the tenant's hold on the request, or says the answer that ends it: 401 without a
+    /// listed key, 429 over the tenant's limits. Runs on the headers alone.
+    fn admit_tenant(&self, session: &Session, ctx: &mut RequestCtx) -> Result<(), ApiError> {
+        let Some(auth) = &self.auth else {
+            return Ok(());
+        };
+        let header = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        let tenant = auth.tenants.authenticate(header).map_err(|why| {
+            metrics::AUTH_FAILURES
+                .with_label_values(&[why.as_str()])
+                .inc();
+            ApiError::unauthorized(why)
+        })?;
+        let outcome = tenant.admit();
+        if let Err(over) = &outcome {
+            metrics::TENANT_REQUESTS
+                .with_label_values(&[tenant.name(), over.as_str()])
+                .inc();
+        }
+        ctx.client = Some(tenant);
+        ctx.tenant = Some(outcome.map_err(ApiError::over_limit)?);
+        Ok(())
+    }
+
+    /// Charges the prompt to its tenant's byte rate.
+    fn charge_prompt(&self, ctx: &RequestCtx, bytes: usize) -> Result<(), ApiError> {
+        let Some(tenant) = &ctx.client else {
+            return Ok(());
+        };
+        let charged = tenant.charge_prompt(bytes);
+        let outcome = charged
+            .as_ref()
+            .map_or_else(|o| o.as_str(), |()| "admitted");
+        metrics::TENANT_REQUESTS
+            .with_label_values(&[tenant.name(), outcome])
+            .inc();
+        charged.map_err(ApiError::over_limit)
     }
 
     /// Counts a failed request against `peer`, and says so when that ejected it.
@@ -82,6 +139,30 @@ impl PrefixLb {
             .request_id_header()
             .zip(ctx.request_id.as_deref());
         api.send_and_close(session, id).await
+    }
+
+    /// The model list, as OpenAI's `GET /v1/models` gives it.
+    async fn answer_models(
+        &self,
+        session: &mut Session,
+        ctx: &RequestCtx,
+        names: &[String],
+    ) -> Result<()> {
+        let data: Vec<_> = names
+            .iter()
+            .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "prefixlb"}))
+            .collect();
+        let body = Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string());
+        let mut header = ResponseHeader::build(200, Some(4))?;
+        header.insert_header("content-type", "application/json")?;
+        header.insert_header("content-length", body.len().to_string())?;
+        if let (Some(name), Some(id)) = (self.forwarding.request_id_header(), &ctx.request_id) {
+            header.insert_header(name.clone(), id.as_str())?;
+        }
+        session
+            .write_response_header(Box::new(header), false)
+            .await?;
+        session.write_response_body(Some(body), true).await
     }
 
     /// Chooses the peer for a request that skips the waiting line: a retry after a failed
@@ -143,6 +224,10 @@ impl ProxyHttp for PrefixLb {
         // turn, instead of being dropped with the connection.
         session.set_pipelining_enabled(true);
         ctx.request_id = self.forwarding.request_id(&session.req_header().headers);
+        if let Err(api) = self.admit_tenant(session, ctx) {
+            self.answer(session, ctx, &api).await?;
+            return Ok(true);
+        }
         if !self.forwarding.allows(session.req_header().uri.path()) {
             metrics::REJECTIONS
                 .with_label_values(&["path_not_allowed"])
@@ -152,6 +237,19 @@ impl ProxyHttp for PrefixLb {
             return Ok(true);
         }
         let router = &self.router;
+        // With pools, prefixlb answers the model list itself: the union of what they serve.
+        let pooled = router.cluster().pools().active();
+        let header = session.req_header();
+        if pooled && header.method == http::Method::GET && header.uri.path() == MODELS_PATH {
+            let names: Vec<String> = router
+                .cluster()
+                .pools()
+                .models()
+                .map(str::to_owned)
+                .collect();
+            self.answer_models(session, ctx, &names).await?;
+            return Ok(true);
+        }
         let limits = self.settings.peek;
         if declared_length(&session.req_header().headers).is_some_and(|len| len > limits.max_body) {
             self.answer(session, ctx, &ApiError::body_too_large(limits.max_body))
@@ -159,6 +257,7 @@ impl ProxyHttp for PrefixLb {
             return Ok(true);
         }
         let header = session.req_header();
+        let mut model = None;
         // The prompt's size prices it: declared, or as far as the peek read it.
         let mut body_bytes = declared_length(&header.headers).unwrap_or(0);
         let key = if router
@@ -168,7 +267,7 @@ impl ProxyHttp for PrefixLb {
         {
             // The deadline covers the whole read: a client trickling a byte now and then is
             // cut off however short each pause.
-            let peek = peek_key(session, &router.keys, limits, &self.peek_memory);
+            let peek = peek_key(session, &router.keys, limits, &self.peek_memory, pooled);
             let peeked = tokio::time::timeout(limits.deadline, peek)
                 .await
                 .unwrap_or_else(|_| Ok(Err(ApiError::peek_timeout(limits.deadline))));
@@ -179,6 +278,7 @@ impl ProxyHttp for PrefixLb {
                     ctx.peek_held = Some(peeked.held);
                     ctx.continued = expects_continue(session);
                     body_bytes = body_bytes.max(peeked.bytes);
+                    model = peeked.model;
                     peeked.key
                 }
                 Err(api) => {
@@ -191,8 +291,30 @@ impl ProxyHttp for PrefixLb {
                 .keys
                 .key_without_body(&session.req_header().headers, client_ip(session))
         };
-        ctx.key = Some(key);
+        if let Err(api) = self.charge_prompt(ctx, body_bytes) {
+            self.answer(session, ctx, &api).await?;
+            return Ok(true);
+        }
+        ctx.key_source = Some(key.source);
         ctx.demand = key.demand(body_bytes);
+        let default = self.settings.default_model.as_deref();
+        let pool = match pooled {
+            true => router.cluster().pools().choose(model.as_deref(), default),
+            false => PoolChoice::Any,
+        };
+        match pool {
+            PoolChoice::Any => {}
+            PoolChoice::Model(id) => ctx.demand.model = Some(id),
+            PoolChoice::Unknown => {
+                metrics::REJECTIONS
+                    .with_label_values(&["model_not_found"])
+                    .inc();
+                let name = model.as_deref().or(default).unwrap_or_default();
+                self.answer(session, ctx, &ApiError::model_not_found(name))
+                    .await?;
+                return Ok(true);
+            }
+        }
         metrics::KEY_SOURCES
             .with_label_values(&[key.source.as_str()])
             .inc();
@@ -211,10 +333,15 @@ impl ProxyHttp for PrefixLb {
             };
         }
         let demand = ctx.demand;
-        let admit = router.load().waiters().admit(self.settings.queue, || {
-            self.shared
-                .choose_in_turn(|| router.cluster().select(&router.balance, demand, &[]))
-        });
+        // Each tenant waits in a lane of its own; without keys, everyone shares one.
+        let lane = ctx.client.as_ref().map_or(0, |t| Arc::as_ptr(t) as u64);
+        let admit = router
+            .load()
+            .waiters()
+            .admit(self.settings.queue, lane, || {
+                self.shared
+                    .choose_in_turn(|| router.cluster().select(&router.balance, demand, &[]))
+            });
         tokio::pin!(admit);
         // A client that leaves while it waits leaves the line at once, rather than being
         // admitted later and sent upstream. Only a request read to its end can be watched:
@@ -271,7 +398,7 @@ impl ProxyHttp for PrefixLb {
         // Each attempt's body starts again from the replayed bytes: put ours in front of them.
         ctx.unreplayed_due = ctx.unreplayed.is_some();
         let up = &self.settings.upstream;
-        let mut peer = HttpPeer::new(slot.peer().addr(), false, String::new());
+        let mut peer = crate::tls::http_peer(slot.peer(), &up.tls);
         peer.options.connection_timeout = Some(up.connect_timeout);
         peer.options.total_connection_timeout = Some(up.connect_timeout);
         peer.options.read_timeout = Some(up.read_timeout);
@@ -329,6 +456,9 @@ impl ProxyHttp for PrefixLb {
     ) -> Result<()> {
         if ctx.continued {
             upstream_request.remove_header(&http::header::EXPECT);
+        }
+        if self.auth.as_ref().is_some_and(|a| !a.forward_key) {
+            upstream_request.remove_header(&http::header::AUTHORIZATION);
         }
         self.forwarding.apply(
             upstream_request,
@@ -471,10 +601,11 @@ impl ProxyHttp for PrefixLb {
             peer: peer.as_deref(),
             route,
             request_id: ctx.request_id.as_deref(),
-            key_source: ctx.key.map(|k| k.source.as_str()),
+            tenant: ctx.client.as_ref().map(|t| t.name()),
+            key_source: ctx.key_source.map(KeySource::as_str),
             key_hash: ctx
-                .key
-                .and_then(|k| k.hash)
+                .key_source
+                .and(ctx.demand.hash)
                 .map(|h| self.access_log.key_label(h)),
             ttft_ms: ctx.first_byte.map(|d| d.as_millis() as u64),
             duration_ms: duration.as_millis() as u64,

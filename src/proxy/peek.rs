@@ -1,8 +1,10 @@
-//! Reading just enough of a request body to find its routing key, without losing a byte of it,
-//! and with a key that depends only on the body's bytes, never on how they arrived.
+//! Reading a request body's prompt, to find its routing key and name its blocks, without losing
+//! a byte of it, and with a key that depends only on the body's bytes, never on how they
+//! arrived.
 //!
 //! The key is read from at most the first `peek_limit` bytes: a key complete before that is
-//! complete; past it the key is what those bytes hold, cut at exactly that offset.
+//! complete; past it the key is what those bytes hold, cut at exactly that offset. The rest of
+//! the prompt is read as far as the same window, while the body keeps coming.
 //!
 //! Pingora forwards bytes a filter already read only from its retry buffer, which holds 64
 //! KiB from the moment it is enabled and drops everything once more arrives; and a body read
@@ -23,7 +25,9 @@ use pingora::proxy::Session;
 
 use super::error::ApiError;
 use crate::metrics;
-use crate::routing::{BodyEnd, Extract, FallbackReason, KeyExtractor, RequestParts, RoutingKey};
+use crate::routing::{
+    model_in, BodyEnd, Extract, FallbackReason, KeyExtractor, RequestParts, RoutingKey,
+};
 use crate::settings::PeekLimits;
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT`, private to pingora-core).
@@ -94,6 +98,8 @@ impl Drop for Held {
 #[derive(Debug)]
 pub struct Peeked {
     pub key: RoutingKey,
+    /// The model the body asks for, when it was looked for and found within the window.
+    pub model: Option<String>,
     /// Body bytes read to find the key.
     pub bytes: usize,
     /// The leading bytes read that Pingora's retry buffer does not hold: forwarding must send
@@ -111,6 +117,7 @@ pub async fn peek_key(
     keys: &KeyExtractor,
     limits: PeekLimits,
     memory: &Arc<PeekMemory>,
+    want_model: bool,
 ) -> pingora::Result<Result<Peeked, ApiError>> {
     let declared = declared_length(&session.req_header().headers);
     let client = super::client_ip(session);
@@ -164,7 +171,17 @@ pub async fn peek_key(
                 end,
             };
             match keys.key_for(&parts) {
-                Extract::Key(key) => break key,
+                // With pools, reading goes on until the model is found too (it may come after
+                // the messages), within the same limits.
+                Extract::Key(key) if !want_model || !may_read || model_in(parts.body).is_some() => {
+                    break key
+                }
+                // A complete key stands; the rest of the prompt is read while the body may be,
+                // to name its deeper blocks.
+                Extract::Deeper(key) if !may_read || short => break key,
+                Extract::Key(_) | Extract::Deeper(_) => {
+                    next_attempt = buf.len() + (buf.len() / 2).max(1024)
+                }
                 Extract::NeedMore if short => {
                     break keys.fallback(client, FallbackReason::PeekLimit)
                 }
@@ -196,6 +213,9 @@ pub async fn peek_key(
         }
     };
     let bytes = buf.len();
+    let model = want_model
+        .then(|| model_in(&buf[..bytes.min(window)]))
+        .flatten();
     let unreplayed = if session.retry_buffer_truncated() {
         if session.is_body_done() {
             // Only a chunked body whose last read was far larger than the one before gets
@@ -226,6 +246,7 @@ pub async fn peek_key(
     let unreplayed = (unreplayed > 0).then(|| buf.freeze().slice(..unreplayed));
     Ok(Ok(Peeked {
         key,
+        model,
         bytes,
         unreplayed,
         held,

@@ -52,16 +52,24 @@ where
     }
 }
 
-/// The proxy as a Pingora service, to which listeners are added.
+/// The proxy as a Pingora service, to which listeners are added. With `h2c`, its plain
+/// listeners take HTTP/2 from clients that start with its preface, and HTTP/1 as before.
 pub fn proxy_service<SV>(
     conf: &Arc<ServerConf>,
     proxy: SV,
     activity: Arc<Activity>,
+    h2c: bool,
 ) -> Service<DrainingProxy<SV>>
 where
     SV: ProxyHttp + Send + Sync + 'static,
     SV::CTX: Send + Sync,
 {
-    let inner = Arc::new(pingora::proxy::http_proxy(conf, proxy));
+    let mut proxy = pingora::proxy::http_proxy(conf, proxy);
+    if h2c {
+        let mut options = HttpServerOptions::default();
+        options.h2c = true;
+        proxy.server_options = Some(options);
+    }
+    let inner = Arc::new(proxy);
     Service::new("prefixlb proxy".into(), DrainingProxy { inner, activity })
 }

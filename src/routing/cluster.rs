@@ -12,15 +12,24 @@ use arc_swap::ArcSwap;
 
 use pingora_load_balancing::Backend;
 
-use super::cost::{EARLIER_HIT, MAX_CANDIDATES, WARM_HIT};
+use super::cost::{Pricing, MAX_CANDIDATES, WARM_HIT};
 use super::peer::{canonical, ClusterLoad, Peer, PeerSpec, Slot};
 use super::policy::{Balance, BoundInputs, Decision, Demand, Policy, Route, Routed};
+use super::pool::{ModelId, ModelNames, Pools};
+use super::record::PrefixRecord;
 use super::ring::{Ring, RingConfig};
-use super::warm::{Held, WarmReplicas};
 
 /// How much cheaper than the primary another peer must be to take a request from it: less is
 /// the noise of learned times and of tiny prompts, and moving a key for it costs a prefill.
 pub const SPILL_MARGIN_MS: u64 = 5;
+
+/// The share of home's cost another peer must also undercut it by: a move is priced to the
+/// block (1 KiB) and trades decode time and home's other streams for the mover's own first
+/// token, which it pays at once.
+pub const SPILL_SHARE: f64 = 0.25;
+
+/// The turns a new conversation is expected to send after this one.
+const FUTURE_TURNS: f64 = 3.0;
 
 #[derive(Debug)]
 pub struct Cluster {
@@ -30,8 +39,11 @@ pub struct Cluster {
     /// Removed peers whose last requests are still running; a peer added back resumes them.
     retired: Vec<Weak<Peer>>,
     load: Arc<ClusterLoad>,
-    /// Which peers served a key, or a key's shared part, lately; kept across rebuilds.
-    warm: Arc<WarmReplicas>,
+    /// Which peers served which prompt blocks lately; kept across rebuilds.
+    record: Arc<PrefixRecord>,
+    /// Model names as interned for every cluster of the router.
+    names: Arc<ModelNames>,
+    pools: Pools,
     eligible_weight: AtomicU64,
     /// Peers that carry requests but take no new ones (draining, down, ejected, removed): the
     /// bound leaves their load out, as it leaves their weight out.
@@ -45,7 +57,19 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new(specs: &[PeerSpec], ring: RingConfig) -> Self {
-        Self::assemble(specs, ring, Arc::default(), Arc::default(), HashMap::new())
+        Self::with_record(specs, ring, PrefixRecord::default())
+    }
+
+    /// A cluster whose prompt record is `record` (its memory budget set).
+    pub fn with_record(specs: &[PeerSpec], ring: RingConfig, record: PrefixRecord) -> Self {
+        Self::assemble(
+            specs,
+            ring,
+            Arc::default(),
+            Arc::new(record),
+            Arc::default(),
+            HashMap::new(),
+        )
     }
 
     /// A cluster over `specs` that keeps the load, health and drain state of every peer that
@@ -62,7 +86,8 @@ impl Cluster {
             specs,
             ring,
             Arc::clone(&self.load),
-            Arc::clone(&self.warm),
+            Arc::clone(&self.record),
+            Arc::clone(&self.names),
             known.clone(),
         );
         for spec in specs {
@@ -84,7 +109,8 @@ impl Cluster {
         specs: &[PeerSpec],
         ring: RingConfig,
         load: Arc<ClusterLoad>,
-        warm: Arc<WarmReplicas>,
+        record: Arc<PrefixRecord>,
+        names: Arc<ModelNames>,
         mut known: HashMap<String, Arc<Peer>>,
     ) -> Self {
         let specs = canonical(specs.to_vec());
@@ -102,6 +128,10 @@ impl Cluster {
                 }
             })
             .collect();
+        for (peer, spec) in peers.iter().zip(&specs) {
+            peer.set_models(spec.models.as_ref(), &names);
+        }
+        let pools = Pools::new(&names, specs.iter().map(|s| s.models.clone()));
         let backends = specs
             .iter()
             .map(|s| Backend {
@@ -125,7 +155,9 @@ impl Cluster {
             peers,
             retired: Vec::new(),
             load,
-            warm,
+            record,
+            names,
+            pools,
             eligible_weight: AtomicU64::new(0),
             ineligible: ArcSwap::default(),
             any_ineligible: AtomicBool::new(false),
@@ -140,8 +172,17 @@ impl Cluster {
         &self.ring
     }
 
+    pub fn record(&self) -> &PrefixRecord {
+        &self.record
+    }
+
     pub fn peers(&self) -> &[Arc<Peer>] {
         &self.peers
+    }
+
+    /// The models the peers list, and which pool a request for one goes to.
+    pub fn pools(&self) -> &Pools {
+        &self.pools
     }
 
     pub fn peer(&self, id: &str) -> Option<&Arc<Peer>> {
@@ -222,7 +263,7 @@ impl Cluster {
             .sum();
         // A peer came back (or joined): the keys that moved while it was out go home.
         if self.eligible_weight.swap(w, Ordering::Relaxed) < w {
-            self.warm.forget();
+            self.record.forget();
         }
         let left_out: Vec<Arc<Peer>> = self
             .peers
@@ -248,16 +289,18 @@ impl Cluster {
         excluded: &[Arc<Peer>],
     ) -> Decision {
         let demand = demand.into();
-        let usable = usable(excluded);
+        let usable = usable(excluded, demand.model);
+        // Within a pool, the bound's mean is the pool's own.
+        let scope = demand.model.map(|m| self.pool_load(m));
         match (balance.policy, demand.hash) {
             (Policy::ConsistentHash, Some(h)) => {
                 self.walk_select(self.ring.walk(h), 0, usable, |p| Some(p.take()))
             }
             (Policy::BoundedConsistentHash, Some(h)) => {
-                let bounded = |p: &Arc<Peer>| p.try_take(self.bound(balance, p));
+                let bounded = |p: &Arc<Peer>| p.try_take(self.bound_in(balance, p, scope));
                 self.walk_select(self.ring.walk(h), 0, usable, bounded)
             }
-            (Policy::LeastCost, Some(h)) => self.least_cost(balance, h, demand, usable),
+            (Policy::LeastCost, Some(h)) => self.least_cost(balance, h, demand, scope, usable),
             (Policy::RoundRobin, _) => self.round_robin(usable),
             (Policy::LeastInFlight, _) | (_, None) => self.least_in_flight(usable),
         }
@@ -274,7 +317,7 @@ impl Cluster {
             (self.cursor.fetch_add(1, Ordering::Relaxed) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
         });
         let take = |p: &Arc<Peer>| Some(p.take());
-        match self.walk_select(self.ring.walk(point), 0, usable(excluded), take) {
+        match self.walk_select(self.ring.walk(point), 0, usable(excluded, None), take) {
             Decision::Routed(routed) if hash.is_none() => Decision::Routed(Routed {
                 route: Route::Balanced,
                 ..routed
@@ -287,23 +330,54 @@ impl Cluster {
     /// is over the eligible peers: their load over their weight. (Counting what a draining or
     /// ejected peer still carries would raise every other peer's ceiling by that much.)
     pub fn bound(&self, balance: &Balance, peer: &Peer) -> u32 {
-        let left_out: u64 = if self.any_ineligible.load(Ordering::Relaxed) {
-            self.ineligible
-                .load()
-                .iter()
-                .map(|p| u64::from(p.load()))
-                .sum()
-        } else {
-            0
+        self.bound_in(balance, peer, None)
+    }
+
+    /// What the eligible peers serving `model` carry, and their weight: the bound's mean in
+    /// that pool.
+    fn pool_load(&self, model: ModelId) -> PoolLoad {
+        let mut pool = PoolLoad::default();
+        for p in self
+            .peers
+            .iter()
+            .filter(|p| p.eligible() && p.serves(model))
+        {
+            pool.in_flight += u64::from(p.load());
+            pool.weight += u64::from(p.weight());
+        }
+        pool
+    }
+
+    /// [`Self::bound`] with the mean over a pool's peers, when `pool` is given.
+    fn bound_in(&self, balance: &Balance, peer: &Peer, pool: Option<PoolLoad>) -> u32 {
+        balance.bound(self.bound_inputs(peer, pool))
+    }
+
+    fn bound_inputs(&self, peer: &Peer, pool: Option<PoolLoad>) -> BoundInputs {
+        let (total_in_flight, eligible_weight) = match pool {
+            Some(pool) => (pool.in_flight, pool.weight),
+            None => {
+                let left_out: u64 = if self.any_ineligible.load(Ordering::Relaxed) {
+                    self.ineligible
+                        .load()
+                        .iter()
+                        .map(|p| u64::from(p.load()))
+                        .sum()
+                } else {
+                    0
+                };
+                let total = self.in_flight() + self.load.external();
+                (total.saturating_sub(left_out), self.eligible_weight())
+            }
         };
-        let total = self.in_flight() + self.load.external();
-        balance.bound(BoundInputs {
+        BoundInputs {
             max_in_flight: peer.max_in_flight(),
             weight: peer.weight(),
-            total_in_flight: total.saturating_sub(left_out),
-            eligible_weight: self.eligible_weight(),
+            total_in_flight,
+            eligible_weight,
             capacity: peer.capacity(),
-        })
+            conversation_home: false,
+        }
     }
 
     /// The first usable peer of `walk` that `take` gives a slot on; `seen` usable peers came
@@ -339,50 +413,45 @@ impl Cluster {
         }
     }
 
-    /// Prices the first usable peers of the key's walk, the peers that served the key lately
-    /// and, for a key it has not seen, those that served its shared prefix, and takes the
-    /// cheapest one under its bound; when all of those are at theirs, the first peer further
-    /// on with room. Another peer wins over the primary only by more than [`SPILL_MARGIN_MS`],
-    /// and ties go to the earlier peer of the walk, so that processes that see the same loads
-    /// choose alike and noise does not move keys.
+    /// Prices the first usable peers of the key's walk and the peers that hold part of the
+    /// prompt lately (and, for a new conversation on a shared prefix, the least loaded peer,
+    /// with the conversation's turns to come), and takes the cheapest one under its bound;
+    /// when all of those are at theirs, the first peer further on with room. Another peer wins
+    /// over the prompt's home (its primary, or the peer holding most of it once the record has
+    /// seen its conversation) only by more than [`SPILL_MARGIN_MS`] (and, from a
+    /// conversation's own home, [`SPILL_SHARE`] of home's cost), and ties go to home, then to
+    /// the earlier peer of the walk, so that processes that see the same loads choose alike and
+    /// noise does not move keys.
     fn least_cost(
         &self,
         balance: &Balance,
         hash: u64,
         demand: Demand,
+        scope: Option<PoolLoad>,
         usable: impl Fn(&Arc<Peer>) -> bool,
     ) -> Decision {
         let prompt_tokens = demand.prompt_tokens;
         let want = balance.cost.candidates.clamp(1, MAX_CANDIDATES) as usize;
-        let holders = self.warm.holders(hash);
-        // A conversation this process has not seen whose system prompt it has sent somewhere:
-        // the peers it went to hold that share of this prompt.
-        let shared = demand
-            .shared
-            .filter(|_| holders.is_empty())
-            .map(|(h, tokens)| {
-                let share = f64::from(tokens) / f64::from(prompt_tokens.max(1));
-                (h, self.warm.holders(h), share.min(WARM_HIT))
-            });
-        let knows_shared = shared.is_some_and(|(_, held, _)| !held.is_empty());
+        let held = self.record.holdings(&demand.blocks);
         let alone = balance.cost.shared_prefix_placement;
+        // The primary holds a conversation the record has not seen by construction: another
+        // process may have sent it there, and no peer holding only its system prompt is priced
+        // above it. With shared-prefix placement, the only process knows better: a
+        // conversation new to it is new, and goes where its system prompt went.
+        let by_construction = !held.knows_key() && (!alone || held.is_empty());
         let hit_of = |first: bool, peer: &Peer| {
-            let own = match holders.of(peer.serial()) {
-                Held::Latest => WARM_HIT,
-                Held::Earlier => EARLIER_HIT,
-                // The primary holds the key by construction, until the record says it moved,
-                // or, with shared-prefix placement, knows where its shared part went: a key
-                // new to the only process is new. (Another may have sent it to its primary.)
-                Held::No if first && holders.is_empty() && !(alone && knows_shared) => WARM_HIT,
-                Held::No if first && !holders.is_empty() => EARLIER_HIT,
-                Held::No => 0.0,
-            };
-            let via_shared = match shared {
-                Some((_, held, share)) if held.of(peer.serial()) != Held::No => share,
-                _ => 0.0,
-            };
-            f64::max(own, via_shared)
+            let share = held.share(peer.serial());
+            match (by_construction, first) {
+                (true, true) => share.max(WARM_HIT),
+                (true, false) => share.min(WARM_HIT),
+                (false, _) => share,
+            }
         };
+        // A new conversation on a shared prefix settles where it goes: its turns to come are
+        // priced there too, each the size of what this one adds to the shared part, and the
+        // least loaded peer is priced beside the holders. A cold peer then wins one when the
+        // warm ones are busy enough that the prefix's prefill pays for itself.
+        let new_conversation = !held.is_empty() && (!held.knows_key() || held.deepest_is_shared());
         let mut candidates = [0usize; MAX_CANDIDATES as usize];
         let (mut n, mut steps) = (0, 0);
         let mut walk = self.ring.walk(hash);
@@ -394,50 +463,85 @@ impl Cluster {
                 n += 1;
             }
         }
-        // The peers that hold the key, or its shared part, are priced wherever they are on
-        // the walk: a key that moved may have moved past its first peers.
-        let holds = |peer: &Peer| {
-            holders.of(peer.serial()) != Held::No
-                || shared.is_some_and(|(_, held, _)| held.of(peer.serial()) != Held::No)
-        };
-        if !holders.is_empty() || knows_shared {
+        // The peers that hold part of the prompt are priced wherever they are on the walk: a
+        // conversation that moved may have moved past its first peers.
+        if !held.is_empty() {
+            let mut idlest: Option<usize> = None;
             for (idx, peer) in self.peers.iter().enumerate() {
-                if n < candidates.len()
-                    && holds(peer)
-                    && usable(peer)
-                    && !candidates[..n].contains(&idx)
-                {
+                if !usable(peer) || candidates[..n].contains(&idx) {
+                    continue;
+                }
+                if n < candidates.len() && held.holds(peer.serial()) {
                     candidates[n] = idx;
                     n += 1;
+                } else if idlest.is_none_or(|i| peer.load() < self.peers[i].load()) {
+                    idlest = Some(idx);
                 }
             }
+            // Not a candidate when it was looked at, and only holders were added since.
+            if let Some(idx) = idlest.filter(|_| new_conversation && n < candidates.len()) {
+                candidates[n] = idx;
+                n += 1;
+            }
         }
+        let mut hits = [0.0; MAX_CANDIDATES as usize];
+        for (place, &idx) in candidates[..n].iter().enumerate() {
+            hits[place] = hit_of(place == 0, &self.peers[idx]);
+        }
+        // Where the prompt is at home: the peer holding most of it once the record has seen
+        // this conversation (its newest turns are there), else its primary. Another peer must
+        // beat home by the margin, so that noise moves neither.
+        let holds_most = (0..n).fold(0, |best, p| if hits[p] > hits[best] { p } else { best });
+        let home = if by_construction { 0 } else { holds_most };
+        let turn_tokens = if new_conversation {
+            balance.cost.uncached(prompt_tokens, hits[holds_most]) as u32
+        } else {
+            0
+        };
         // (cost in whole milliseconds, ring index, place among the priced, share held). Costs
         // are compared to the millisecond: finer differences are noise of each process's
         // learned stream times, and would break ties that processes should break alike.
         let mut priced = [(0u64, 0, 0, 0.0); MAX_CANDIDATES as usize];
         for (place, &idx) in candidates[..n].iter().enumerate() {
             let peer = &self.peers[idx];
-            let hit = hit_of(place == 0, peer);
-            let cost = balance.cost.estimate(&peer.pricing(hit), prompt_tokens);
-            let margin = if place == 0 { 0 } else { SPILL_MARGIN_MS };
-            priced[place] = ((cost * 1000.0).round() as u64 + margin, idx, place, hit);
+            let hit = hits[place];
+            let mut cost = balance.cost.estimate(&peer.pricing(hit), prompt_tokens);
+            if new_conversation {
+                // Later turns come after the prefill queued there now has drained.
+                let later = Pricing {
+                    prefill_queue: 0,
+                    ..peer.pricing(0.0)
+                };
+                cost += FUTURE_TURNS * balance.cost.estimate(&later, turn_tokens);
+            }
+            priced[place] = ((cost * 1000.0).round() as u64, idx, place, hit);
+        }
+        // A conversation's own turns leave its history only for a clear gain; a new one
+        // leaves home for any.
+        let conversation = held.conversation_home();
+        let margin = match conversation {
+            Some(_) => SPILL_MARGIN_MS.max((priced[home].0 as f64 * SPILL_SHARE) as u64),
+            None => SPILL_MARGIN_MS,
+        };
+        for p in priced[..n].iter_mut().filter(|p| p.2 != home) {
+            p.0 += margin;
         }
         let priced = &mut priced[..n];
-        priced.sort_unstable_by_key(|&(cost, _, place, _)| (cost, place));
+        priced.sort_unstable_by_key(|&(cost, _, place, _)| (cost, place != home, place));
         let record = |peer: &Peer, moved: bool| {
-            // The primary too, once the key has moved or was placed by its shared part: it
-            // may be where it returns.
-            if moved || !holders.is_empty() || shared.is_some() {
-                self.warm.record(hash, peer.serial());
-            }
-            if let Some((h, _, _)) = shared {
-                self.warm.record(h, peer.serial());
+            // A key without its prompt that stays home, as most do, is left out: what the
+            // record would say of it, the ring says already.
+            if moved || !held.is_empty() || !demand.blocks.key_only() {
+                self.record.record(&demand.blocks, peer.serial());
             }
         };
         for &(_, idx, place, hit) in priced.iter() {
             let peer = &self.peers[idx];
-            let Some(mut slot) = peer.try_take(self.bound(balance, peer)) else {
+            let bound = balance.bound(BoundInputs {
+                conversation_home: conversation == Some(peer.serial()),
+                ..self.bound_inputs(peer, scope)
+            });
+            let Some(mut slot) = peer.try_take(bound) else {
                 continue;
             };
             slot.expect_prefill(balance.cost.uncached(prompt_tokens, hit));
@@ -450,7 +554,7 @@ impl Cluster {
             return Decision::Routed(Routed { slot, route, steps });
         }
         let take = |p: &Arc<Peer>| {
-            let mut slot = p.try_take(self.bound(balance, p))?;
+            let mut slot = p.try_take(self.bound_in(balance, p, scope))?;
             slot.expect_prefill(balance.cost.uncached(prompt_tokens, 0.0));
             record(p, true);
             Some(slot)
@@ -531,7 +635,19 @@ impl Cluster {
     }
 }
 
-/// Whether the walk may choose a peer: eligible, and not one that already failed this request.
-fn usable(excluded: &[Arc<Peer>]) -> impl Fn(&Arc<Peer>) -> bool + '_ {
-    move |p| p.eligible() && !excluded.iter().any(|e| Arc::ptr_eq(e, p))
+/// Whether the walk may choose a peer: eligible, serving the model asked for, and not one
+/// that already failed this request.
+fn usable(excluded: &[Arc<Peer>], model: Option<ModelId>) -> impl Fn(&Arc<Peer>) -> bool + '_ {
+    move |p| {
+        p.eligible()
+            && model.is_none_or(|m| p.serves(m))
+            && !excluded.iter().any(|e| Arc::ptr_eq(e, p))
+    }
+}
+
+/// A pool's load and weight, as its bound reads them.
+#[derive(Debug, Clone, Copy, Default)]
+struct PoolLoad {
+    in_flight: u64,
+    weight: u64,
 }

@@ -4,8 +4,9 @@
 //! - `T_wait`: the prefill this process already sent the peer and has no first byte for yet,
 //!   plus, when the engine has shown how many requests it runs at once, the requests beyond
 //!   that, each waiting its share of a mean stream time (Little's law over the running slots).
-//! - `T_prefill`: the prompt's tokens at the configured prefill rate, and `α` whether the peer
-//!   holds the key's prefix: the primary does by construction, a warm replica by record. A
+//! - `T_prefill`: the prompt's tokens at the configured prefill rate, and `α` the share of the
+//!   prompt the peer holds: as deep as the record of prompt blocks saw it served there, or, for
+//!   a conversation the record has not seen, all but the newest turn on its primary. A
 //!   prefill shares the GPU's steps with the streams running there (chunked prefill), so each
 //!   of them waits it out too: it is counted once for this request and once for each of them.
 //!   Without that, a spill looks cheap to the request that spills and is paid by the others.
@@ -16,12 +17,14 @@
 
 use std::time::Duration;
 
-/// The share of a prompt the peer that served its key last is expected to find cached: all of
-/// it but the newest turn, for a conversation that resends its history.
+/// The share of a prompt its primary is expected to find cached when the record has not seen
+/// the conversation (another process may have sent it there), and that the peer that served a
+/// key-only prompt last is: all of it but the newest turn, for a conversation that resends its
+/// history.
 pub const WARM_HIT: f64 = 0.9;
 
-/// The share a peer that served the key earlier, and not last, is expected to find: the shared
-/// part and the turns up to then, not those since.
+/// The share a peer that served a key-only prompt earlier, and not last, is expected to find:
+/// the shared part and the turns up to then, not those since.
 pub const EARLIER_HIT: f64 = 0.5;
 
 /// How much each other running stream slows a decode step (vLLM on one GPU: about 2%).

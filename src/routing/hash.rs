@@ -143,8 +143,6 @@ fn fmix64(mut k: u64) -> u64 {
 #[derive(Debug, Default, Clone)]
 pub struct KeyEncoder {
     hash: Murmur3,
-    /// The hash and encoded length at the last [`KeyEncoder::mark`].
-    mark: Option<(u64, u64)>,
 }
 
 impl KeyEncoder {
@@ -162,17 +160,6 @@ impl KeyEncoder {
 
     pub fn is_empty(&self) -> bool {
         self.hash.len == 0
-    }
-
-    /// Notes the key as encoded so far: a prefix of it that other keys may share.
-    pub fn mark(&mut self) {
-        self.mark = Some((self.finish(), self.hash.len));
-    }
-
-    /// The hash and the encoded length (bytes) at the last mark, when anything was encoded
-    /// before it.
-    pub fn marked(&self) -> Option<(u64, u64)> {
-        self.mark.filter(|&(_, len)| len > 0)
     }
 
     pub fn finish(&self) -> u64 {

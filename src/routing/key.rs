@@ -4,7 +4,9 @@
 //! completions or SGLang generate body; a fallback (the client address, or nothing, which
 //! spreads by load). The body may be a prefix cut anywhere, even mid-string or mid-codepoint:
 //! jiter's pull parser walks it with partial strings allowed, stops as soon as the key is
-//! complete, and tells a cut body (ask for more bytes) from a malformed one (fall back).
+//! complete, and tells a cut body (ask for more bytes) from a malformed one (fall back). The
+//! prompt's blocks are named over the body's bytes from the prompt on ([`super::blocks`]): a
+//! complete key asks for more of the body only to name more of them.
 //!
 //! The chat key is every message up to and including the first `user` message, plus `model`
 //! when it comes before `messages`. History grows at the end, so every turn of one
@@ -18,9 +20,10 @@ use std::net::IpAddr;
 use http::{HeaderMap, HeaderName, Method};
 use jiter::{Jiter, JiterError, JiterErrorType, JsonErrorType};
 
+use super::blocks::Blocks;
 use super::hash::KeyEncoder;
 use super::policy::{Demand, CHARS_PER_TOKEN};
-use super::prompt::{is_cut, scan, PromptField};
+use super::prompt::{is_cut, scan, PromptField, Span};
 
 pub const DEFAULT_SESSION_HEADER: &str = "x-session-id";
 pub const DEFAULT_PREFIX_CHARS: usize = 2048;
@@ -125,28 +128,28 @@ pub struct RoutingKey {
     pub hash: Option<u64>,
     pub source: KeySource,
     pub fallback: Option<FallbackReason>,
-    /// The part of a chat key before its first user message (the system prompt), which other
-    /// conversations may share.
-    pub shared: Option<SharedPrefix>,
+    /// The prompt's block chain, as far as it was read: where its prefixes went is how much
+    /// of it each peer holds.
+    pub blocks: Blocks,
+}
+
+/// The model a prompt-carrying body asks for, wherever `model` comes in it (after `messages`
+/// too); `None` when it has none or is cut before it.
+pub fn model_in(body: &[u8]) -> Option<String> {
+    super::prompt::model(body)
 }
 
 impl RoutingKey {
     /// What a request with this key and a body `body_bytes` long asks of the cluster.
     pub fn demand(&self, body_bytes: usize) -> Demand {
-        let tokens = |bytes: u64| (bytes / CHARS_PER_TOKEN as u64).min(u64::from(u32::MAX)) as u32;
+        let tokens = (body_bytes / CHARS_PER_TOKEN).min(u32::MAX as usize) as u32;
         Demand {
             hash: self.hash,
-            prompt_tokens: tokens(body_bytes as u64),
-            shared: self.shared.map(|s| (s.hash, tokens(s.bytes))),
+            prompt_tokens: tokens,
+            blocks: self.blocks,
+            model: None,
         }
     }
-}
-
-/// A prefix of a key that other keys may share: its hash and how many bytes it encodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SharedPrefix {
-    pub hash: u64,
-    pub bytes: u64,
 }
 
 /// How much more of the body may follow the bytes given.
@@ -163,6 +166,8 @@ pub enum BodyEnd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Extract {
     Key(RoutingKey),
+    /// The key is complete, and more of the body would name more of the prompt's blocks.
+    Deeper(RoutingKey),
     NeedMore,
 }
 
@@ -233,12 +238,19 @@ impl KeyExtractor {
             return Extract::Key(self.key_without_body(req.headers, req.client));
         };
         match self.body_key(kind, req.body, req.end) {
-            Ok((hash, shared)) => Extract::Key(RoutingKey {
-                hash: Some(hash),
-                source: kind.source(),
-                fallback: None,
-                shared,
-            }),
+            Ok((hash, blocks, whole)) => {
+                let key = RoutingKey {
+                    hash: Some(hash),
+                    source: kind.source(),
+                    fallback: None,
+                    blocks,
+                };
+                if whole {
+                    Extract::Key(key)
+                } else {
+                    Extract::Deeper(key)
+                }
+            }
             Err(Cut::NeedMore) => Extract::NeedMore,
             Err(Cut::Fallback(reason)) => Extract::Key(self.fallback(req.client, reason)),
         }
@@ -251,11 +263,12 @@ impl KeyExtractor {
         }
         let mut enc = KeyEncoder::default();
         enc.part(b'S', value.as_bytes());
+        let hash = enc.finish();
         Some(RoutingKey {
-            hash: Some(enc.finish()),
+            hash: Some(hash),
             source: KeySource::SessionHeader,
             fallback: None,
-            shared: None,
+            blocks: Blocks::of_key(hash),
         })
     }
 
@@ -279,7 +292,7 @@ impl KeyExtractor {
                 KeySource::None
             },
             fallback: Some(reason),
-            shared: None,
+            blocks: hash.map(Blocks::of_key).unwrap_or_default(),
         }
     }
 
@@ -288,7 +301,7 @@ impl KeyExtractor {
         kind: BodyKind,
         body: &[u8],
         end: BodyEnd,
-    ) -> Result<(u64, Option<SharedPrefix>), Cut> {
+    ) -> Result<(u64, Blocks, bool), Cut> {
         if body.iter().all(u8::is_ascii_whitespace) {
             return Err(match end {
                 BodyEnd::More => Cut::NeedMore,
@@ -297,27 +310,24 @@ impl KeyExtractor {
             });
         }
         let mut enc = KeyEncoder::default();
-        let scan = match kind {
-            BodyKind::Chat => scan(body, &mut enc, PromptField::Messages),
-            BodyKind::Completions => scan(
-                body,
-                &mut enc,
-                PromptField::Text("prompt", self.config.prefix_chars),
-            ),
-            BodyKind::Generate => scan(
-                body,
-                &mut enc,
-                PromptField::Text("text", self.config.prefix_chars),
-            ),
+        let mut span = Span::default();
+        let field = match kind {
+            BodyKind::Chat => PromptField::Messages,
+            BodyKind::Completions => PromptField::Text("prompt", self.config.prefix_chars),
+            BodyKind::Generate => PromptField::Text("text", self.config.prefix_chars),
         };
-        let done = |enc: &KeyEncoder| {
-            let shared = enc
-                .marked()
-                .map(|(hash, bytes)| SharedPrefix { hash, bytes });
-            (enc.finish(), shared)
+        let scan = scan(body, &mut enc, field, &mut span);
+        let done = |enc: &KeyEncoder, whole: bool| {
+            let model = span.model.map(|(from, to)| &body[from..to]);
+            let blocks = span.start.map_or_else(Blocks::default, |start| {
+                let key_end = span.key_end.unwrap_or(body.len());
+                Blocks::of_prompt(body, model, start, key_end)
+            });
+            (enc.finish(), blocks, whole)
         };
         match scan {
-            Ok(true) => Ok(done(&enc)),
+            // More of the body would only name more of the prompt's blocks.
+            Ok(true) => Ok(done(&enc, end != BodyEnd::More)),
             Ok(false) => Err(Cut::Fallback(FallbackReason::NoPrompt)),
             // Which error the parser meets first in a broken body can change as more of it
             // arrives (a bad byte early on, or a cut escape later), and a body that falls back
@@ -325,7 +335,7 @@ impl KeyExtractor {
             // once, when it has all arrived or the window is full.
             Err(_) if end == BodyEnd::More => Err(Cut::NeedMore),
             Err(e) if is_cut(&e, body.len()) => match end {
-                BodyEnd::Limit if !enc.is_empty() => Ok(done(&enc)),
+                BodyEnd::Limit if !enc.is_empty() => Ok(done(&enc, true)),
                 BodyEnd::Limit => Err(Cut::Fallback(FallbackReason::PeekLimit)),
                 // A body that has all arrived and breaks off.
                 BodyEnd::Complete | BodyEnd::More => {

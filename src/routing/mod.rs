@@ -10,7 +10,7 @@
 //!
 //! let peers: Vec<PeerSpec> = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
 //!     .iter()
-//!     .map(|a| PeerSpec { addr: a.parse().unwrap(), weight: Weight::ONE, max_in_flight: 8 })
+//!     .map(|a| PeerSpec { addr: a.parse().unwrap(), weight: Weight::ONE, max_in_flight: 8, tls: None, models: None })
 //!     .collect();
 //! let cluster = Cluster::new(&peers, RingConfig::default());
 //! let keys = KeyExtractor::default();
@@ -35,12 +35,12 @@
 //!     end: BodyEnd::Complete,
 //! }) {
 //!     Extract::Key(key) => key,
-//!     Extract::NeedMore => unreachable!("a complete body needs no more"),
+//!     _ => unreachable!("a complete body needs no more"),
 //! };
 //!
 //! // Turn 1 and turn 5 of the conversation share a key, hence a peer.
 //! let (first, fifth) = (key_of(&turn(1)), key_of(&turn(5)));
-//! assert_eq!(first, fifth);
+//! assert_eq!(first.hash, fifth.hash);
 //! assert_eq!(first.source, KeySource::Chat);
 //!
 //! let routed = cluster.select(&Balance::default(), first.hash, &[]).routed().unwrap();
@@ -51,9 +51,11 @@
 //! ```
 
 //! The modules, bottom up (each uses only those above it): `queue` (the waiting line),
-//! `outlier`, `cost`, `peer` (the live peer and its slots), `policy`, `hash`, `ring`, `cluster`
-//! (membership and selection, with `warm`), `prompt` (the walk over a JSON body), `key`.
+//! `outlier`, `cost`, `peer` (the live peer and its slots), `hash`, `blocks` (a prompt's chain
+//! of block names), `policy`, `ring`, `record` (where prompt blocks went), `cluster`
+//! (membership and selection), `prompt` (the walk over a JSON body), `key`.
 
+pub mod blocks;
 pub mod cluster;
 pub mod cost;
 pub mod hash;
@@ -61,16 +63,19 @@ pub mod key;
 pub mod outlier;
 pub mod peer;
 pub mod policy;
+pub mod pool;
 mod prompt;
 pub mod queue;
+pub mod record;
 pub mod ring;
-pub mod warm;
 
+pub use blocks::{Blocks, BLOCK_BYTES, MAX_BLOCKS};
 pub use cluster::Cluster;
 pub use cost::{CostModel, Pricing};
+pub use key::model_in;
 pub use key::{
     BodyEnd, BodyKind, Extract, Fallback, FallbackReason, KeyConfig, KeyExtractor, KeySource,
-    RequestParts, RoutingKey, SharedPrefix,
+    RequestParts, RoutingKey,
 };
 pub use outlier::{is_peer_fault, OutlierPolicy};
 pub use peer::{
@@ -80,5 +85,7 @@ pub use policy::{
     Balance, Decision, Demand, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR,
     UNKNOWN_CAPACITY_FLOOR,
 };
+pub use pool::{ModelId, PoolChoice};
 pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitQueue};
+pub use record::{Holdings, PrefixRecord, RecordStats};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};

@@ -10,8 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
+
 use super::cost::Pricing;
 use super::outlier::{Outlier, OutlierPolicy};
+use super::pool::{ModelId, ModelNames};
 use super::queue::WaitQueue;
 
 /// The largest weight a peer may have: weights are relative, and this bounds a peer's ring
@@ -53,6 +56,10 @@ pub struct PeerSpec {
     pub weight: Weight,
     /// The fixed in-flight ceiling; [`UNLIMITED`] for none.
     pub max_in_flight: u32,
+    /// Reached over TLS, its certificate checked for this name; `None`: plain HTTP.
+    pub tls: Option<String>,
+    /// The models it serves (base models and adapters); `None`: any.
+    pub models: Option<Vec<String>>,
 }
 
 /// Peers in address order, each address once (the first listing wins): the one order every
@@ -98,17 +105,28 @@ impl ClusterLoad {
     }
 }
 
-/// Serials start at 1: 0 marks an empty way of the warm-replica record.
+/// The models a peer lists, as written and interned.
+#[derive(Debug)]
+struct Served {
+    names: Vec<String>,
+    ids: Vec<ModelId>,
+}
+
+/// Serials start at 1: 0 marks an empty way of the prompt record.
 static SERIALS: AtomicU32 = AtomicU32::new(1);
 
 #[derive(Debug)]
 pub struct Peer {
     addr: SocketAddr,
     id: String,
-    /// Unique in the process and kept across rebuilds: what the warm-replica record names.
+    /// Unique in the process and kept across rebuilds: what the prompt record names.
     serial: u32,
     weight: AtomicU8,
     max_in_flight: AtomicU32,
+    /// The name its certificate is checked for, when it is reached over TLS.
+    tls: ArcSwapOption<String>,
+    /// The models it lists, by name and id; `None`: it lists none and serves any.
+    models: ArcSwapOption<Served>,
     in_flight: AtomicU32,
     /// The larger of the two estimates below: both count, in part, the same requests.
     external: AtomicU32,
@@ -140,6 +158,8 @@ impl Peer {
             id: spec.addr.to_string(),
             weight: AtomicU8::new(spec.weight.0),
             max_in_flight: AtomicU32::new(spec.max_in_flight),
+            tls: ArcSwapOption::from(spec.tls.clone().map(Arc::new)),
+            models: ArcSwapOption::empty(),
             in_flight: AtomicU32::new(0),
             external: AtomicU32::new(0),
             from_siblings: AtomicU32::new(0),
@@ -172,6 +192,18 @@ impl Peer {
     }
     pub fn max_in_flight(&self) -> u32 {
         self.max_in_flight.load(Ordering::Relaxed)
+    }
+    /// The name to check the peer's certificate for, when it is reached over TLS.
+    pub fn tls(&self) -> Option<Arc<String>> {
+        self.tls.load_full()
+    }
+    /// The models it lists; `None`: it serves any.
+    pub fn models(&self) -> Option<Vec<String>> {
+        self.models.load().as_ref().map(|m| m.names.clone())
+    }
+    /// Whether it serves `model`.
+    pub fn serves(&self, model: ModelId) -> bool {
+        super::pool::serves(self.models.load().as_ref().map(|m| &m.ids[..]), model)
     }
     /// Requests this router has in flight on the peer.
     pub fn in_flight(&self) -> u32 {
@@ -231,6 +263,8 @@ impl Peer {
             addr: self.addr,
             weight: Weight(self.weight.load(Ordering::Relaxed)),
             max_in_flight: self.max_in_flight(),
+            tls: self.tls().map(|name| name.as_str().to_owned()),
+            models: self.models(),
         }
     }
 
@@ -254,6 +288,19 @@ impl Peer {
         self.weight.store(spec.weight.0, Ordering::Relaxed);
         self.max_in_flight
             .store(spec.max_in_flight, Ordering::Relaxed);
+        if self.tls.load().as_deref() != spec.tls.as_ref() {
+            self.tls.store(spec.tls.clone().map(Arc::new));
+        }
+    }
+    pub(super) fn set_models(&self, names: Option<&Vec<String>>, pool_names: &ModelNames) {
+        if self.models().as_ref() != names {
+            self.models.store(names.map(|n| {
+                Arc::new(Served {
+                    names: n.clone(),
+                    ids: pool_names.intern(n),
+                })
+            }));
+        }
     }
     pub(super) fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
@@ -450,6 +497,8 @@ mod tests {
             addr: "127.0.0.1:1".parse().unwrap(),
             weight: Weight::ONE,
             max_in_flight: max,
+            tls: None,
+            models: None,
         };
         Arc::new(Peer::new(&spec, Arc::default()))
     }
@@ -469,6 +518,8 @@ mod tests {
             addr: ([127, 0, 0, 1], port).into(),
             weight: Weight::new(w).unwrap(),
             max_in_flight: UNLIMITED,
+            tls: None,
+            models: None,
         };
         assert_eq!(
             canonical(vec![at(3, 1), at(1, 2), at(3, 5)]),

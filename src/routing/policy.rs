@@ -9,8 +9,10 @@
 //! runs at once. Other policies share the same slots so that they can be compared on equal
 //! terms.
 
+use super::blocks::Blocks;
 use super::cost::CostModel;
 use super::peer::{Slot, UNLIMITED};
+use super::pool::ModelId;
 use super::queue::{Attempt, Outcome};
 
 pub const DEFAULT_BALANCE_FACTOR: f64 = 1.25;
@@ -19,6 +21,11 @@ pub const DEFAULT_BALANCE_FACTOR: f64 = 1.25;
 /// fewer than any real engine runs at once (vLLM and SGLang run hundreds), so the floor keeps
 /// a key's first concurrent requests together without ever queueing them at the engine.
 pub const UNKNOWN_CAPACITY_FLOOR: u32 = 4;
+
+/// The floor of a conversation's own home instead, while its engine's slots are unknown: a
+/// turn sent on from its history prefills it again, so it stays until more run there than
+/// any engine surely runs at once. New conversations keep the lower floor.
+pub const CONVERSATION_FLOOR: u32 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -67,25 +74,27 @@ impl Default for Balance {
 }
 
 /// What a request asks of the cluster: its key's point on the ring, if it has a key, the size
-/// of its prompt, and the prefix of its key that other keys share (a system prompt).
+/// of its prompt, and the prompt's block chain (how much of it each peer holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Demand {
     pub hash: Option<u64>,
     pub prompt_tokens: u32,
-    /// The shared prefix's hash and size in tokens.
-    pub shared: Option<(u64, u32)>,
+    pub blocks: Blocks,
+    /// The pool it goes to; `None`: any peer.
+    pub model: Option<ModelId>,
 }
 
 /// Characters of text per token: OpenAI's rule of thumb for English, near enough for pricing.
 pub const CHARS_PER_TOKEN: usize = 4;
 
 impl From<Option<u64>> for Demand {
-    /// A request with no prompt to price.
+    /// A request with no prompt to price, known by its key alone.
     fn from(hash: Option<u64>) -> Self {
         Self {
             hash,
             prompt_tokens: 0,
-            shared: None,
+            blocks: hash.map(Blocks::of_key).unwrap_or_default(),
+            model: None,
         }
     }
 }
@@ -102,6 +111,9 @@ pub struct BoundInputs {
     /// Running slots the peer is known to have (0: unknown); `least_cost` never bounds a peer
     /// below them (or [`UNKNOWN_CAPACITY_FLOOR`]), since a free running slot costs no wait.
     pub capacity: u32,
+    /// Whether the request is a turn of a conversation whose history this peer alone holds
+    /// (then [`CONVERSATION_FLOOR`] is the floor while the slots are unknown).
+    pub conversation_home: bool,
 }
 
 impl Balance {
@@ -114,6 +126,7 @@ impl Balance {
             Policy::ConsistentHash => return UNLIMITED,
             Policy::RoundRobin | Policy::LeastInFlight => return at.max_in_flight,
             Policy::BoundedConsistentHash => 0,
+            Policy::LeastCost if at.capacity == 0 && at.conversation_home => CONVERSATION_FLOOR,
             Policy::LeastCost if at.capacity == 0 => UNKNOWN_CAPACITY_FLOOR,
             Policy::LeastCost => at.capacity,
         };

@@ -1,5 +1,6 @@
 //! The walk over a prompt-carrying JSON body (which may be cut anywhere) that encodes the
-//! parts of its routing key, with jiter's pull parser and partial strings allowed.
+//! parts of its routing key, with jiter's pull parser and partial strings allowed, and notes
+//! where in the body the prompt and its key lie, for the prompt's block chain.
 
 use jiter::{Jiter, JiterError, JiterErrorType, JsonErrorType, Peek};
 
@@ -59,13 +60,29 @@ const ROLE: u8 = b'r';
 const CONTENT: u8 = b'c';
 const PROMPT: u8 = b'p';
 
-/// Walks the top-level object, encoding the model (when it comes first) and the prompt part.
-/// `Ok(true)`: the key is complete; `Ok(false)`: the object ended without a prompt. A cut body
-/// is an EOF error.
+/// Where a body's prompt lies, as byte offsets into it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Span {
+    /// The `model` value, when it comes before the prompt.
+    pub model: Option<(usize, usize)>,
+    /// The start of the prompt's value.
+    pub start: Option<usize>,
+    /// Where the key ends, once it is complete.
+    pub key_end: Option<usize>,
+}
+
+/// Walks the top-level object, encoding the model (when it comes first) and the prompt part,
+/// and noting where they are in `span`. `Ok(true)`: the key is complete; `Ok(false)`: the
+/// object ended without a prompt. A cut body is an EOF error.
 // Inlined into its one caller: out of line it cost 4% of a key extraction (`cargo bench --bench
 // routing -- key_16KiB`), in line it is level with the walk before it moved to this module.
 #[inline(always)]
-pub fn scan(body: &[u8], enc: &mut KeyEncoder, prompt: PromptField) -> Result<bool, JiterError> {
+pub fn scan(
+    body: &[u8],
+    enc: &mut KeyEncoder,
+    prompt: PromptField,
+    span: &mut Span,
+) -> Result<bool, JiterError> {
     enum Field {
         Model,
         Prompt,
@@ -89,14 +106,23 @@ pub fn scan(body: &[u8], enc: &mut KeyEncoder, prompt: PromptField) -> Result<bo
     while let Some(field) = key {
         match field {
             Field::Model => {
+                let from = j.current_index();
                 enc.part(MODEL, j.next_str()?.as_bytes());
                 ensure_not_cut(&j, body.len())?;
+                span.model = Some((from, j.current_index()));
             }
             Field::Prompt => {
-                match prompt {
+                let start = j.current_index();
+                span.start = Some(start);
+                let key_end = match prompt {
                     PromptField::Messages => scan_messages(&mut j, enc)?,
-                    PromptField::Text(_, chars) => scan_text(&mut j, enc, chars, body.len())?,
-                }
+                    PromptField::Text(_, chars) => {
+                        // The raw offset of the cut is not known past an escape; the decoded
+                        // length stands for it, the same for every body with this key.
+                        start + 1 + scan_text(&mut j, enc, chars, body.len())?
+                    }
+                };
+                span.key_end = Some(key_end.min(body.len()));
                 return Ok(true);
             }
             Field::Other => j.next_skip()?,
@@ -106,22 +132,20 @@ pub fn scan(body: &[u8], enc: &mut KeyEncoder, prompt: PromptField) -> Result<bo
     Ok(false)
 }
 
-/// Encodes messages up to the first `user` one, or all of them when none is. The encoder is
-/// marked before each message, so that the mark ends before the first user message: the part
-/// that conversations sharing a system prompt share.
-fn scan_messages(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<(), JiterError> {
+/// Encodes messages up to the first `user` one, or all of them when none is; returns the
+/// offset where that ends.
+fn scan_messages(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<usize, JiterError> {
     let mut next = j.next_array()?;
     while let Some(peek) = next {
         if peek != Peek::Object {
             return Err(wrong_shape(j));
         }
-        enc.mark();
         if scan_message(j, enc)? {
-            return Ok(());
+            return Ok(j.current_index());
         }
         next = j.array_step()?;
     }
-    Ok(())
+    Ok(j.current_index())
 }
 
 /// Encodes one message's role and text; true when it is a `user` message.
@@ -181,13 +205,14 @@ fn scan_content(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<(), JiterErro
     Ok(())
 }
 
-/// A prompt string, or the first string of an array, cut at `chars` characters.
+/// A prompt string, or the first string of an array, cut at `chars` characters; returns the
+/// bytes of text in the key.
 fn scan_text(
     j: &mut Jiter<'_>,
     enc: &mut KeyEncoder,
     chars: usize,
     len: usize,
-) -> Result<(), JiterError> {
+) -> Result<usize, JiterError> {
     match j.peek()? {
         Peek::String => {}
         Peek::Array => match j.known_array()? {
@@ -206,5 +231,20 @@ fn scan_text(
     if !long_enough {
         ensure_not_cut(j, len)?;
     }
-    Ok(())
+    Ok(cut)
+}
+
+/// The `model` of a JSON body's top-level object, wherever it comes among the fields; `None`
+/// when there is none, or the body is cut before it.
+pub fn model(body: &[u8]) -> Option<String> {
+    let mut j = Jiter::new(body);
+    let mut key = j.next_object().ok()?;
+    while let Some(name) = key {
+        if name == "model" {
+            return j.next_str().ok().map(str::to_owned);
+        }
+        j.next_skip().ok()?;
+        key = j.next_key().ok()?;
+    }
+    None
 }

@@ -1,8 +1,12 @@
-//! The wait for a slot when every eligible peer is at its bound: a bounded FIFO of waiters,
+//! The wait for a slot when every eligible peer is at its bound: a bounded line of waiters,
 //! woken by slot releases, not by polling.
 //!
-//! Only the waiter at the front may take a freed slot, so a request that came later cannot pass
-//! one that has waited longer. Every release wakes the front; a front that gets its slot leaves
+//! The line is fair between lanes (tenants): a waiter joins behind one waiter of every other
+//! lane per waiter its own lane already has in line, so a burst of one lane does not queue
+//! ahead of everyone, and a lane may fill three quarters of the line at most; within a lane,
+//! and with a single lane, it is first come, first served.
+//! Only the waiter at the front may take a freed slot, so a request cannot pass one placed
+//! ahead of it. Every release wakes the front; a front that gets its slot leaves
 //! and wakes the next one, so a burst of releases drains as many waiters as it can serve. A
 //! newcomer goes straight to a peer only while nobody waits.
 
@@ -67,10 +71,19 @@ impl Rejection {
     }
 }
 
+#[derive(Debug)]
+struct Waiter {
+    wake: Arc<Notify>,
+    since: Instant,
+    lane: u64,
+    /// The line is ordered by round: a lane's n-th waiter is served in the n-th round from
+    /// the one being served when it joined.
+    round: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct WaitQueue {
-    /// Each waiter, with when it joined the line.
-    waiters: Mutex<VecDeque<(Arc<Notify>, Instant)>>,
+    waiters: Mutex<VecDeque<Waiter>>,
     len: AtomicUsize,
 }
 
@@ -89,8 +102,8 @@ impl WaitQueue {
         if self.is_empty() {
             return;
         }
-        if let Some((front, _)) = self.lock().front() {
-            front.notify_one();
+        if let Some(front) = self.lock().front() {
+            front.wake.notify_one();
         }
     }
 
@@ -99,46 +112,70 @@ impl WaitQueue {
         if self.is_empty() {
             return None;
         }
-        self.lock().front().map(|(_, since)| since.elapsed())
+        self.lock().front().map(|w| w.since.elapsed())
     }
 
-    fn lock(&self) -> MutexGuard<'_, VecDeque<(Arc<Notify>, Instant)>> {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Waiter>> {
         // A waiter list is valid after any panic mid-update: every update is one push or remove.
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn push(&self, me: &Arc<Notify>, max: usize) -> bool {
+    fn push(&self, me: &Arc<Notify>, lane: u64, max: usize) -> bool {
         let mut q = self.lock();
         if q.len() >= max {
             return false;
         }
-        q.push_back((Arc::clone(me), Instant::now()));
+        // A tenant's lane leaves a quarter of the line to the others, so that its burst does
+        // not fill the line and turn everyone else away. Lane 0 (no tenants) is everyone's.
+        if lane != 0 && q.iter().filter(|w| w.lane == lane).count() >= max - max / 4 {
+            return false;
+        }
+        let serving = q.front().map_or(0, |w| w.round);
+        let round = q
+            .iter()
+            .rev()
+            .find(|w| w.lane == lane)
+            .map_or(serving, |last| last.round + 1);
+        // Behind every waiter of its round or an earlier one: never ahead of the front.
+        let at = q.partition_point(|w| w.round <= round);
+        q.insert(
+            at,
+            Waiter {
+                wake: Arc::clone(me),
+                since: Instant::now(),
+                lane,
+                round,
+            },
+        );
         self.len.store(q.len(), Ordering::SeqCst);
         true
     }
 
     fn is_front(&self, me: &Arc<Notify>) -> bool {
-        self.lock().front().is_some_and(|(f, _)| Arc::ptr_eq(f, me))
+        self.lock()
+            .front()
+            .is_some_and(|w| Arc::ptr_eq(&w.wake, me))
     }
 
     fn remove(&self, me: &Arc<Notify>) {
         let mut q = self.lock();
-        let was_front = q.front().is_some_and(|(f, _)| Arc::ptr_eq(f, me));
-        q.retain(|(w, _)| !Arc::ptr_eq(w, me));
+        let was_front = q.front().is_some_and(|w| Arc::ptr_eq(&w.wake, me));
+        q.retain(|w| !Arc::ptr_eq(&w.wake, me));
         self.len.store(q.len(), Ordering::SeqCst);
         if was_front {
-            if let Some((next, _)) = q.front() {
-                next.notify_one();
+            if let Some(next) = q.front() {
+                next.wake.notify_one();
             }
         }
     }
 
-    /// Runs `attempt` until it takes capacity, waiting in line while it reports every unit
-    /// busy. `attempt` is called again after every wake-up, so it may look at a cluster
+    /// Runs `attempt` until it takes capacity, waiting in line (in `lane`) while it reports
+    /// every unit busy. `attempt` is called again after every wake-up, so it may look at a cluster
     /// rebuilt in the meantime. Returns what it took and how long it waited.
     pub async fn admit<A: Attempt>(
         &self,
         limit: QueueLimit,
+        lane: u64,
         mut attempt: impl FnMut() -> A,
     ) -> Result<(A::Taken, Duration), Rejection> {
         if self.is_empty() {
@@ -149,7 +186,7 @@ impl WaitQueue {
             }
         }
         let me = Arc::new(Notify::new());
-        if !self.push(&me, limit.max_waiting) {
+        if !self.push(&me, lane, limit.max_waiting) {
             return Err(Rejection::QueueFull);
         }
         // Leaves the line however this future ends: routed, rejected, timed out or dropped

@@ -15,6 +15,9 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use sha2::{Digest, Sha256};
 
 /// What a mock upstream saw of one request.
@@ -37,6 +40,7 @@ struct MockState {
     healthy: Arc<AtomicBool>,
     health_checks: Arc<AtomicUsize>,
     engine_waiting: Arc<AtomicUsize>,
+    models: Arc<Mutex<Vec<String>>>,
 }
 
 pub struct Upstream {
@@ -52,6 +56,8 @@ pub struct Upstream {
     pub health_checks: Arc<AtomicUsize>,
     /// What its `/metrics` says waits in its queue, as vLLM says it.
     pub engine_waiting: Arc<AtomicUsize>,
+    /// What its `GET /v1/models` lists; while empty, it answers that as any other request.
+    pub models: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -78,6 +84,58 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// A certificate authority of the test's own.
+pub struct Pki {
+    ca: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Pki {
+    pub fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        Self {
+            ca: CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap(),
+        }
+    }
+
+    pub fn ca_pem(&self) -> String {
+        self.ca.pem()
+    }
+
+    /// A certificate for `localhost` and 127.0.0.1, and its key (PEM).
+    pub fn leaf(&self) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let params = CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// Writes `text` to `path` the way a certificate manager does: whole, by a rename.
+pub fn put(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A TLS client that trusts `ca_pem` alone and offers `alpn`.
+pub fn tls_connector(ca_pem: &str, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
 /// A mock OpenAI-compatible server. Request headers steer it:
 /// `x-mock-status: N` answers N; `x-mock-delay-ms: D` waits D ms before answering;
 /// `x-mock-events: N` with `x-mock-interval-ms: M` streams N SSE events M ms apart, and
@@ -94,6 +152,66 @@ pub async fn start_upstream(name: &str) -> Upstream {
 
 pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) -> Upstream {
     let addr = listener.local_addr().unwrap();
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    serve_mock(name, addr, listener)
+}
+
+/// [`start_upstream`] behind TLS, with the certificate chain and key given (PEM).
+pub async fn start_tls_upstream(name: &str, cert_pem: &str, key_pem: &str) -> Upstream {
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let chain = rustls::pki_types::CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    serve_mock(name, addr, TlsListener { tcp, acceptor })
+}
+
+/// Accepts TLS connections; a handshake that fails is dropped and the next one accepted.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, from)) = self.tcp.accept().await else {
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            if let Ok(Ok(tls)) =
+                tokio::time::timeout(Duration::from_secs(5), self.acceptor.accept(tcp)).await
+            {
+                return (tls, from);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+}
+
+fn serve_mock<L>(name: &str, addr: SocketAddr, listener: L) -> Upstream
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let state = MockState {
         name: name.to_owned(),
         seen: Arc::default(),
@@ -102,8 +220,10 @@ pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) ->
         healthy: Arc::new(AtomicBool::new(true)),
         health_checks: Arc::default(),
         engine_waiting: Arc::default(),
+        models: Arc::default(),
     };
     let engine_waiting = Arc::clone(&state.engine_waiting);
+    let models = Arc::clone(&state.models);
     let (seen, active, peak) = (
         Arc::clone(&state.seen),
         Arc::clone(&state.active),
@@ -111,9 +231,6 @@ pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) ->
     );
     let (healthy, health_checks) = (Arc::clone(&state.healthy), Arc::clone(&state.health_checks));
     let app = axum::Router::new().fallback(mock).with_state(state);
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -126,6 +243,7 @@ pub async fn start_upstream_on(name: &str, listener: tokio::net::TcpListener) ->
         healthy,
         health_checks,
         engine_waiting,
+        models,
         task,
     }
 }
@@ -150,6 +268,15 @@ async fn mock(State(s): State<MockState>, req: Request) -> Response {
             s.engine_waiting.load(Ordering::SeqCst)
         );
         return reply(&s.name, StatusCode::OK, page);
+    }
+    let models = s.models.lock().unwrap().clone();
+    if req.uri().path() == "/v1/models" && !models.is_empty() {
+        let data: Vec<_> = models
+            .iter()
+            .map(|id| serde_json::json!({"id": id, "object": "model"}))
+            .collect();
+        let list = serde_json::json!({"object": "list", "data": data});
+        return reply(&s.name, StatusCode::OK, list.to_string());
     }
     let now = s.active.fetch_add(1, Ordering::SeqCst) + 1;
     s.peak.fetch_max(now, Ordering::SeqCst);
@@ -246,6 +373,15 @@ pub fn free_addr() -> SocketAddr {
         .unwrap()
 }
 
+/// An address that refuses connections for as long as the socket returned is kept: bound, not
+/// listening, and without `SO_REUSEADDR`, so no other test's listener can take the port (a port
+/// only looked up free may be bound by a parallel test before it is dialled).
+pub fn refused_addr() -> (SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (socket.local_addr().unwrap(), socket)
+}
+
 pub fn free_port() -> u16 {
     free_addr().port()
 }
@@ -295,12 +431,18 @@ impl Proxy {
             .unwrap()
     }
 
-    /// Waits (at most `limit`) until nothing is in flight; returns the last listing.
+    /// Waits (at most `limit`) until nothing is in flight; returns the last listing. Idle means
+    /// the total and every peer at 0: a listing reads each peer and then the total, so a slot
+    /// released between the two reads shows on its peer and not in the total.
     pub async fn wait_idle(&self, limit: Duration) -> serde_json::Value {
         let start = Instant::now();
         loop {
             let peers = self.peers().await;
-            if peers["in_flight"] == 0 || start.elapsed() > limit {
+            let idle = peers["in_flight"] == 0
+                && peers["peers"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().all(|p| p["in_flight"] == 0));
+            if idle || start.elapsed() > limit {
                 return peers;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -368,15 +510,31 @@ impl Proxy {
     }
 
     /// Waits until the proxy and its admin listener answer.
-    pub async fn wait_ready(&self) {
+    pub async fn wait_ready(&mut self) {
+        assert!(self.came_up().await, "proxy did not start: {}", self.log());
+    }
+
+    /// Waits until the proxy and its admin listener answer; false when it exited first, or
+    /// when another process answers on its admin port. Its ports were only looked up free, and a
+    /// parallel test may have bound one before this process did.
+    async fn came_up(&mut self) -> bool {
         let start = Instant::now();
         loop {
-            let admin_up = reqwest::get(format!("http://{}/admin/peers", self.admin))
-                .await
-                .is_ok();
-            let proxy_up = tokio::net::TcpStream::connect(self.addr).await.is_ok();
-            if admin_up && proxy_up {
-                return;
+            if self.child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            if let Ok(r) = reqwest::get(format!("http://{}/admin/peers", self.admin)).await {
+                // Its own answer: the listing, or a refusal for want of the admin token.
+                let ours = r.status() == 401
+                    || r.json::<serde_json::Value>()
+                        .await
+                        .is_ok_and(|v| v["peers"].is_array());
+                if !ours {
+                    return false;
+                }
+                if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
+                    return true;
+                }
             }
             assert!(
                 start.elapsed() < Duration::from_secs(20),
@@ -395,6 +553,22 @@ impl Drop for Proxy {
     }
 }
 
+/// The membership in a `/admin/peers` listing (address and weight, in its order), without
+/// the live load that moves between two listings.
+pub fn members(listing: serde_json::Value) -> Vec<(String, u64)> {
+    listing["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["address"].as_str().unwrap().to_owned(),
+                p["weight"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_prefixlb"))
 }
@@ -411,7 +585,14 @@ pub async fn start_proxy(config: &str) -> Proxy {
 
 /// [`start_proxy`] with `pingora` (YAML) added to Pingora's own settings.
 pub async fn start_proxy_with(config: &str, pingora: &str) -> Proxy {
-    let proxy = spawn_proxy(config, pingora);
+    // On ports another test took in the meantime it fails to start: again, on others.
+    for _ in 0..2 {
+        let mut proxy = spawn_proxy(config, pingora);
+        if proxy.came_up().await {
+            return proxy;
+        }
+    }
+    let mut proxy = spawn_proxy(config, pingora);
     proxy.wait_ready().await;
     proxy
 }
@@ -437,9 +618,14 @@ pub fn spawn_proxy_adjusted(
     } else {
         "engine_metrics: {enabled: false}\n"
     };
-    let lb = format!(
-        "listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: \"127.0.0.1:{admin_port}\"}}\n{engine}{config}"
-    );
+    // A configuration with listeners of its own writes `{port}` for the proxy's port.
+    let listen = if config.contains("listen:") {
+        String::new()
+    } else {
+        format!("listen: [\"127.0.0.1:{port}\"]\n")
+    };
+    let config = config.replace("{port}", &port.to_string());
+    let lb = format!("{listen}admin: {{listen: \"127.0.0.1:{admin_port}\"}}\n{engine}{config}");
     let lb_path = dir.path().join("prefixlb.yaml");
     std::fs::write(&lb_path, lb).unwrap();
     let threads = if pingora.contains("threads:") {

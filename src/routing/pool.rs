@@ -1,0 +1,180 @@
+//! Pools by model: which peers serve which model (a base model or a LoRA adapter on it).
+//!
+//! A model's name is interned once, as a [`ModelId`] that stays the same across every cluster
+//! of a router, so a request can carry it (in its [`super::Demand`]) through rebuilds. A peer
+//! lists the models it serves, or lists none and serves any: with no peer listing any, there
+//! are no pools and the model is not looked at.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+
+/// A model's interned name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ModelId(u32);
+
+impl ModelId {
+    /// A model no peer lists: only the peers that list none may serve it.
+    pub const UNLISTED: ModelId = ModelId(u32::MAX);
+}
+
+/// The names interned so far; only grows, by the names peers list (never by requests).
+#[derive(Debug, Default)]
+pub struct ModelNames {
+    ids: ArcSwap<HashMap<String, ModelId>>,
+    writer: Mutex<()>,
+}
+
+impl ModelNames {
+    /// The id of a name some peer listed at some time.
+    pub fn get(&self, name: &str) -> Option<ModelId> {
+        self.ids.load().get(name).copied()
+    }
+
+    /// The ids of `names`, sorted, interning the new ones.
+    pub fn intern(&self, names: &[String]) -> Vec<ModelId> {
+        let _one_at_a_time = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids = HashMap::clone(&self.ids.load());
+        let mut out: Vec<ModelId> = names
+            .iter()
+            .map(|n| {
+                let next = ModelId(ids.len() as u32);
+                *ids.entry(n.clone()).or_insert(next)
+            })
+            .collect();
+        self.ids.store(Arc::new(ids));
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
+/// What a request may be served by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolChoice {
+    /// Any peer: no pools, or no model asked for and no default.
+    Any,
+    Model(ModelId),
+    /// No peer serves the model.
+    Unknown,
+}
+
+/// The pools of one cluster: the models its peers list.
+#[derive(Debug, Default)]
+pub struct Pools {
+    /// Every model some member lists, by name.
+    listed: Vec<(String, ModelId)>,
+    /// Whether some member lists none (and so serves any model).
+    open: bool,
+}
+
+impl Pools {
+    pub fn new(names: &ModelNames, members: impl Iterator<Item = Option<Vec<String>>>) -> Self {
+        let mut listed = std::collections::BTreeMap::new();
+        let mut open = false;
+        let mut any_listed = false;
+        for models in members {
+            match models {
+                Some(models) => {
+                    any_listed = true;
+                    names.intern(&models);
+                    for name in &models {
+                        if let Some(id) = names.get(name) {
+                            listed.insert(name.clone(), id);
+                        }
+                    }
+                }
+                None => open = true,
+            }
+        }
+        Self {
+            listed: listed.into_iter().collect(),
+            open: open || !any_listed,
+        }
+    }
+
+    /// Whether any member lists its models: without, nothing is routed by model.
+    pub fn active(&self) -> bool {
+        !self.listed.is_empty()
+    }
+
+    /// The models the members list, by name (sorted).
+    pub fn models(&self) -> impl Iterator<Item = &str> {
+        self.listed.iter().map(|(name, _)| name.as_str())
+    }
+
+    /// The pool of a request for `model` (or `default`, when it names none).
+    pub fn choose(&self, model: Option<&str>, default: Option<&str>) -> PoolChoice {
+        if !self.active() {
+            return PoolChoice::Any;
+        }
+        let Some(name) = model.or(default) else {
+            return PoolChoice::Any;
+        };
+        match self.listed.binary_search_by(|(n, _)| n.as_str().cmp(name)) {
+            Ok(i) => PoolChoice::Model(self.listed[i].1),
+            Err(_) if self.open => PoolChoice::Model(ModelId::UNLISTED),
+            Err(_) => PoolChoice::Unknown,
+        }
+    }
+}
+
+/// Whether a peer that lists `served` (sorted; `None`: lists none) serves `model`.
+pub fn serves(served: Option<&[ModelId]>, model: ModelId) -> bool {
+    match served {
+        None => true,
+        Some(_) if model == ModelId::UNLISTED => false,
+        Some(ids) => ids.binary_search(&model).is_ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(names: &[&str]) -> Option<Vec<String>> {
+        Some(names.iter().map(|n| n.to_string()).collect())
+    }
+
+    #[test]
+    fn names_keep_their_ids_across_pools() {
+        let names = ModelNames::default();
+        let first = Pools::new(&names, [list(&["a", "b"]), list(&["c"])].into_iter());
+        let second = Pools::new(&names, [list(&["c"]), list(&["b"])].into_iter());
+        for model in ["b", "c"] {
+            assert_eq!(
+                first.choose(Some(model), None),
+                second.choose(Some(model), None)
+            );
+        }
+        assert_eq!(first.models().collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert_eq!(second.choose(Some("a"), None), PoolChoice::Unknown);
+    }
+
+    #[test]
+    fn without_listed_models_every_request_goes_anywhere() {
+        let names = ModelNames::default();
+        let pools = Pools::new(&names, [None, None].into_iter());
+        assert!(!pools.active());
+        assert_eq!(pools.choose(Some("x"), Some("y")), PoolChoice::Any);
+    }
+
+    #[test]
+    fn a_model_nobody_lists_goes_to_peers_that_list_none_or_nowhere() {
+        let names = ModelNames::default();
+        let closed = Pools::new(&names, [list(&["a"])].into_iter());
+        assert_eq!(closed.choose(Some("zz"), None), PoolChoice::Unknown);
+        assert_eq!(closed.choose(None, None), PoolChoice::Any);
+        let a = names.get("a").unwrap();
+        assert_eq!(closed.choose(None, Some("a")), PoolChoice::Model(a));
+        let open = Pools::new(&names, [list(&["a"]), None].into_iter());
+        assert_eq!(
+            open.choose(Some("zz"), None),
+            PoolChoice::Model(ModelId::UNLISTED)
+        );
+        assert!(serves(None, ModelId::UNLISTED));
+        assert!(!serves(Some(&[a]), ModelId::UNLISTED));
+        assert!(serves(Some(&[a]), a));
+    }
+}

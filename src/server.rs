@@ -1,0 +1,319 @@
+//! The server: Pingora's, with the routing proxy, the control plane and the admin API, as the
+//! `prefixlb` binary (and the demo) run it from a command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::{RunArgs, Server};
+use pingora::services::background::background_service;
+use pingora::services::listening::Service;
+
+use crate::admin::Admin;
+use crate::control::engine::EngineFeedback;
+use crate::control::models::ModelLists;
+use crate::control::shared_load::{Publisher, SharedLoad};
+use crate::control::source::PeerSource;
+use crate::control::watch::{CertFiles, FileWatch, KeysFile, SettledFile, Watched};
+use crate::control::ControlPlane;
+use crate::lifecycle::{self, Activity, Signals};
+use crate::proxy::PrefixLb;
+use crate::router::Router;
+use crate::settings::Discovery;
+use crate::tenants::{ClientAuth, Tenants};
+use crate::tls::CertStore;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "prefixlb",
+    version,
+    about = "Prompt-prefix-affine load balancer for LLM inference servers"
+)]
+struct Cli {
+    /// prefixlb's own configuration: listeners, peers, routing, queue, limits, timeouts.
+    #[arg(
+        short = 'l',
+        long = "lb-conf",
+        value_name = "FILE",
+        default_value = "conf/prefixlb.yaml"
+    )]
+    lb_conf: PathBuf,
+
+    #[command(flatten)]
+    server: Opt,
+}
+
+/// Reads the peer source once, before serving, on a runtime of its own: the control plane's
+/// runtime does not exist yet.
+fn initial_peers(source: &mut PeerSource) -> Result<Vec<crate::routing::PeerSpec>, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let loaded = runtime.block_on(source.load(true));
+    loaded
+        .map(Option::unwrap_or_default)
+        .map_err(|e| format!("{}: {e}", source.label()))
+}
+
+/// Runs prefixlb on the command line `args` (its first item being the program's name); returns
+/// only when it could not start.
+pub fn main_from<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    lifecycle::ignore_until_running();
+    let mut cli = Cli::parse_from(args);
+    // A daemon runs from /: reloads must find the files the command line meant.
+    if let Ok(absolute) = std::fs::canonicalize(&cli.lb_conf) {
+        cli.lb_conf = absolute;
+    }
+    let Err(e) = run(cli);
+    eprintln!("prefixlb: {e}");
+    ExitCode::FAILURE
+}
+
+/// Serves until the process is told to stop; returns only what kept it from starting.
+fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
+    let activity = Arc::new(Activity::default());
+    let lb_conf = cli.lb_conf.clone();
+    let in_file = |e: &dyn std::fmt::Display| format!("{}: {e}", lb_conf.display());
+    let settings = crate::config::load(&lb_conf).map_err(|e| in_file(&e))?;
+    let threads_given = match &cli.server.conf {
+        Some(conf) => {
+            ServerConf::load_from_yaml(conf).map_err(|e| format!("{conf}: {e}"))?;
+            sets_threads(conf)
+        }
+        None => false,
+    };
+    let router = Arc::new(Router::new(settings.router.clone(), &settings.peers));
+    let mut source = PeerSource::new(&settings.discovery, &lb_conf).map_err(|e| in_file(&e))?;
+    // Peers from a peers file or DNS are there before the first request, not at the control
+    // plane's first tick: after an upgrade, the new process serves at once.
+    if !matches!(settings.discovery, Discovery::ConfigFile { .. }) {
+        let initial = initial_peers(&mut source);
+        // Connections made on that runtime die with it.
+        source.disconnect();
+        match initial {
+            Ok(specs) => {
+                router.set_peers(specs);
+            }
+            // A name service or registry that is down now may be back in a moment; `-t` still
+            // says it is not reachable.
+            Err(e)
+                if matches!(settings.discovery, Discovery::Dns(_) | Discovery::Redis(_))
+                    && !cli.server.test =>
+            {
+                log::warn!(
+                    "no peers from {} yet, starting without: {e}",
+                    source.label()
+                );
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // Keys and certificates are read before serving, so that a bad one stops the start.
+    let mut watching = Watching::load(&settings)?;
+    if cli.server.test {
+        println!("prefixlb: {} is valid", lb_conf.display());
+        std::process::exit(0);
+    }
+    let successor = cli.server.upgrade;
+    let mut server = Server::new(Some(cli.server)).map_err(|e| e.to_string())?;
+    if !threads_given {
+        if let Some(conf) = Arc::get_mut(&mut server.configuration) {
+            conf.threads = default_threads();
+        }
+    }
+    let upgrade_sock = PathBuf::from(&server.configuration.upgrade_sock);
+    let shared = Arc::new(SharedLoad::new(
+        Arc::clone(&router),
+        &upgrade_sock,
+        successor,
+    ));
+    server.add_service(background_service(
+        "shared in-flight counts",
+        Publisher(Arc::clone(&shared)),
+    ));
+    // The sockets of an upgrade are taken by a service, after daemonizing: `-u -d` returns at
+    // once and leaves the daemon waiting for them, so the old process can be told to hand them
+    // over next (the unit's order). Taken before `run`, they would block the launcher until the
+    // old process, not yet told, sent them.
+    let bootstrap = server.bootstrap_as_a_service();
+
+    let mut lb = PrefixLb::new(
+        Arc::clone(&router),
+        settings.proxy.clone(),
+        Arc::clone(&activity),
+        Arc::clone(&shared),
+    );
+    let mut watched: Vec<Box<dyn Watched>> = Vec::new();
+    if let Some(auth) = &watching.keys {
+        lb = lb.with_auth(ClientAuth {
+            tenants: Arc::clone(&auth.tenants),
+            forward_key: settings.auth.as_ref().is_some_and(|a| a.forward_key),
+        });
+    }
+    let tenants = watching.keys.as_ref().map(|k| Arc::clone(&k.tenants));
+    let mut proxy = crate::proxy::service::proxy_service(
+        &server.configuration,
+        lb,
+        Arc::clone(&activity),
+        settings.h2c,
+    );
+    for listener in &settings.listen {
+        let addr = listener.addr.to_string();
+        match (&listener.tls, watching.certs.remove(&listener.addr)) {
+            (Some(files), Some(cert)) => {
+                let tls = cert
+                    .store
+                    .listener_settings(files)
+                    .map_err(|e| e.to_string())?;
+                proxy.add_tls_with_settings(&addr, None, tls);
+                watched.push(Box::new(cert));
+            }
+            (None, _) => proxy.add_tcp(&addr),
+            (Some(_), None) => {
+                return Err(format!("listener {addr}: its certificate was not read"))
+            }
+        }
+    }
+    if let Some(keys) = watching.keys {
+        watched.push(Box::new(keys));
+    }
+    server.add_service(proxy).add_dependency(&bootstrap);
+    if !watched.is_empty() {
+        server.add_service(background_service("watched files", FileWatch::new(watched)));
+    }
+    crate::metrics::register(Arc::clone(&router), tenants).map_err(|e| format!("metrics: {e}"))?;
+    let control = ControlPlane::new(
+        Arc::clone(&router),
+        source,
+        settings.allow_empty_peers,
+        settings.health_check.as_ref(),
+        &settings.proxy.upstream.tls,
+    )
+    .map_err(|e| format!("health check setup: {e}"))?;
+    server.add_service(background_service("control plane", control));
+    if let Some(engine) = &settings.engine_metrics {
+        server.add_service(background_service(
+            "engine metrics",
+            EngineFeedback::new(
+                Arc::clone(&router),
+                engine.clone(),
+                settings.proxy.upstream.tls.clone(),
+            ),
+        ));
+    }
+    if let Some(discovery) = &settings.model_discovery {
+        server.add_service(background_service(
+            "model lists",
+            ModelLists::new(
+                Arc::clone(&router),
+                discovery.clone(),
+                settings.proxy.upstream.tls.clone(),
+            ),
+        ));
+    }
+    if let Some(admin_settings) = &settings.admin {
+        let mut admin = Service::new(
+            "prefixlb admin".into(),
+            Admin::new(Arc::clone(&router), admin_settings.token.clone()),
+        );
+        admin.add_tcp(&admin_settings.listen.to_string());
+        server.add_service(admin).add_dependency(&bootstrap);
+    }
+    log::info!(
+        "prefixlb: {} peers, policy {}, listening on {}",
+        router.cluster().peers().len(),
+        router.balance.policy.as_str(),
+        listing(&settings.listen)
+    );
+    server.run(RunArgs {
+        shutdown_signal: Box::new(Signals {
+            activity,
+            upgrade_sock,
+            shared,
+        }),
+    });
+    crate::access_log::drain(std::time::Duration::from_secs(1));
+    std::process::exit(0)
+}
+
+/// The keys and certificates as read at start, with the files they are kept in step with.
+struct Watching {
+    keys: Option<KeysFile>,
+    certs: std::collections::HashMap<std::net::SocketAddr, CertFiles>,
+}
+
+impl Watching {
+    fn load(settings: &crate::settings::Settings) -> Result<Self, String> {
+        let read = |path: &std::path::Path| {
+            std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        let settled = |path: &std::path::Path, text: String| {
+            let mut file = SettledFile::new(path.to_owned());
+            file.mark_read(text);
+            file
+        };
+        let keys = match &settings.auth {
+            Some(auth) => {
+                let text = read(&auth.keys_file)?;
+                let tenants = Tenants::parse(&text)
+                    .map_err(|e| format!("{}: {e}", auth.keys_file.display()))?;
+                Some(KeysFile {
+                    file: settled(&auth.keys_file, text),
+                    tenants: Arc::new(tenants),
+                })
+            }
+            None => None,
+        };
+        let mut certs = std::collections::HashMap::new();
+        for listener in &settings.listen {
+            let Some(files) = &listener.tls else {
+                continue;
+            };
+            let (cert, key) = (read(&files.cert)?, read(&files.key)?);
+            let store = CertStore::new(cert.as_bytes(), key.as_bytes())
+                .map_err(|e| format!("listener {}: {e}", listener.addr))?;
+            certs.insert(
+                listener.addr,
+                CertFiles {
+                    cert: settled(&files.cert, cert),
+                    key: settled(&files.key, key),
+                    store: Arc::new(store),
+                    refused: false,
+                },
+            );
+        }
+        Ok(Self { keys, certs })
+    }
+}
+
+/// Whether Pingora's file sets `threads`; Pingora's own default (1) does not fit most machines.
+fn sets_threads(conf: &str) -> bool {
+    std::fs::read_to_string(conf)
+        .ok()
+        .and_then(|text| serde_yaml::from_str::<serde_yaml::Mapping>(&text).ok())
+        .is_some_and(|m| m.contains_key("threads"))
+}
+
+/// One worker thread per CPU this process may run on (its affinity mask, a cgroup's quota).
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn listing(listeners: &[crate::settings::Listener]) -> String {
+    listeners
+        .iter()
+        .map(|l| match l.tls {
+            Some(_) => format!("{} (TLS)", l.addr),
+            None => l.addr.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
