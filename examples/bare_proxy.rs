@@ -1,6 +1,6 @@
 //! The floor prefixlb is measured against in `benches/overhead.rs`: a Pingora proxy that only
 //! picks an upstream (round robin), built and tuned as prefixlb is (allocator, threads from
-//! Pingora's file, the same upstream connection pool).
+//! Pingora's file, the same upstream connection pool, the same listener buffers).
 //!
 //! `cargo run --release --example bare_proxy -- --listen 127.0.0.1:8081 --upstream 127.0.0.1:8000 -c conf/pingora.yaml`
 
@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use clap::Parser;
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::prelude::*;
 use pingora::server::configuration::Opt;
 
@@ -57,7 +58,11 @@ fn main() {
             next: AtomicUsize::new(0),
         },
     );
-    proxy.add_tcp(&cli.listen.to_string());
+    // As prefixlb's plain listeners: no L4 read buffer in front of Pingora's own header and
+    // body buffers.
+    proxy.add_listener(
+        ListenerConfig::tcp(cli.listen.to_string()).l4_buffer(L4BufferSettings::default().read(0)),
+    );
     server.add_service(proxy);
     server.run_forever();
 }

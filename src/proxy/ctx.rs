@@ -19,8 +19,9 @@ pub struct RequestCtx {
     pub(super) upstream_status: Option<u16>,
     /// Where the key came from, once read; its point is the demand's.
     pub(super) key_source: Option<KeySource>,
-    /// The key's point, the prompt's size and blocks, as the choice of peer prices them.
-    pub(super) demand: Demand,
+    /// The key's point, the prompt's size and blocks, as the choice of peer prices them. Boxed:
+    /// the blocks are most of a context, and every connection's future keeps room for one.
+    pub(super) demand: Box<Demand>,
     /// Passed on to the engine, echoed to the client and logged.
     pub(super) request_id: Option<String>,
     /// The slot of the peer this attempt goes to. Dropping the context releases it.
@@ -57,7 +58,7 @@ impl RequestCtx {
             first_byte: None,
             upstream_status: None,
             key_source: None,
-            demand: Demand::default(),
+            demand: Box::default(),
             request_id: None,
             slot: None,
             released: None,

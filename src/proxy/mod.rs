@@ -173,7 +173,7 @@ impl PrefixLb {
             return cluster.select_unbounded(ctx.demand.hash, &ctx.failed);
         }
         self.shared
-            .choose(|| cluster.select(&self.router.balance, ctx.demand, &ctx.failed))
+            .choose(|| cluster.select(&self.router.balance, *ctx.demand, &ctx.failed))
     }
 }
 
@@ -296,7 +296,7 @@ impl ProxyHttp for PrefixLb {
             return Ok(true);
         }
         ctx.key_source = Some(key.source);
-        ctx.demand = key.demand(body_bytes);
+        *ctx.demand = key.demand(body_bytes);
         let default = self.settings.default_model.as_deref();
         let pool = match pooled {
             true => router.cluster().pools().choose(model.as_deref(), default),
@@ -332,7 +332,7 @@ impl ProxyHttp for PrefixLb {
                 }
             };
         }
-        let demand = ctx.demand;
+        let demand = *ctx.demand;
         // Each tenant waits in a lane of its own; without keys, everyone shares one.
         let lane = ctx.client.as_ref().map_or(0, |t| Arc::as_ptr(t) as u64);
         let admit = router
