@@ -21,7 +21,26 @@ struct Redis {
 }
 
 impl Redis {
+    /// On a free port. A parallel test may bind that port between its lookup and the server's
+    /// start; the server then exits, and it starts again on another.
+    async fn start() -> Redis {
+        for _ in 0..4 {
+            if let Some(redis) = Redis::try_start_on(free_port()).await {
+                return redis;
+            }
+        }
+        panic!("redis-server did not start on any of four free ports");
+    }
+
+    /// On `port`, as a restart must be to keep its address.
     async fn start_on(port: u16) -> Redis {
+        Redis::try_start_on(port)
+            .await
+            .unwrap_or_else(|| panic!("redis-server did not start on {port}"))
+    }
+
+    /// The server once it answers PING: something else listening on the port would not.
+    async fn try_start_on(port: u16) -> Option<Redis> {
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -31,12 +50,34 @@ impl Redis {
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server (the Debian package redis-server; .ci/run installs it)");
-        wait_listening(([127, 0, 0, 1], port).into(), "redis-server").await;
-        Redis {
+        let mut redis = Redis {
             child,
             port,
             _dir: dir,
+        };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(20) {
+            if redis.child.try_wait().unwrap().is_some() {
+                return None;
+            }
+            if redis.answers_ping().await {
+                return Some(redis);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        None
+    }
+
+    async fn answers_ping(&self) -> bool {
+        let ping = async {
+            let client = redis::Client::open(self.url())?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(1), ping).await,
+            Ok(Ok(pong)) if pong == "PONG"
+        )
     }
 
     fn url(&self) -> String {
@@ -107,7 +148,7 @@ async fn wait_peers(proxy: &Proxy, want: &[(&Upstream, u64)], limit: Duration) {
 
 #[tokio::test]
 async fn peers_register_change_and_leave_by_heartbeat() {
-    let redis = Redis::start_on(free_port()).await;
+    let redis = Redis::start().await;
     let (a, b) = (start_upstream("a").await, start_upstream("b").await);
     let mut conn = redis.connection().await;
     register(&mut conn, &a, r#"{"weight": 1}"#, 60_000)
@@ -161,7 +202,7 @@ async fn peers_register_change_and_leave_by_heartbeat() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_under_load_fails_no_request() {
-    let mut redis = Redis::start_on(free_port()).await;
+    let mut redis = Redis::start().await;
     let (a, b) = (start_upstream("a").await, start_upstream("b").await);
     let port = redis.port;
     let url = redis.url();
@@ -284,7 +325,7 @@ async fn wait_key(
 
 #[tokio::test]
 async fn the_agent_keeps_a_healthy_engine_registered_and_removes_it_when_it_fails_or_stops() {
-    let redis = Redis::start_on(free_port()).await;
+    let redis = Redis::start().await;
     let engine = start_upstream("a").await;
     let mut conn = redis.connection().await;
     let mut agent = agent(&redis, &engine);
