@@ -232,8 +232,8 @@ fn a_new_conversation_goes_where_its_system_prompt_is() {
     let r = cluster.select(&PLACED, chat(&turn2), &[]).routed().unwrap();
     assert!(Arc::ptr_eq(r.slot.peer(), &holder), "lost its newest turns");
     drop(r);
-    // Without shared-prefix placement (the default: another process may have sent a new
-    // conversation to its primary) it goes to its own primary.
+    // Without shared-prefix placement (the default) an opening goes there too: it is new to
+    // every process.
     let third = away(next + 1);
     let r = cluster
         .select(
@@ -243,6 +243,32 @@ fn a_new_conversation_goes_where_its_system_prompt_is() {
         )
         .routed()
         .unwrap();
+    assert!(Arc::ptr_eq(r.slot.peer(), &holder), "an opening went cold");
+    drop(r);
+    // A later turn this process has not seen is new with shared-prefix placement...
+    let fourth = away(third + 1);
+    let unseen = [
+        ("system", system.as_str()),
+        ("user", &opening(fourth)),
+        ("assistant", "an answer"),
+        ("user", "and then?"),
+    ];
+    let r = cluster
+        .select(&PLACED, chat(&unseen), &[])
+        .routed()
+        .unwrap();
+    assert!(Arc::ptr_eq(r.slot.peer(), &holder), "went cold");
+    drop(r);
+    // ...and by default may have been sent to its primary by another process, where it is
+    // priced as held.
+    let fifth = away(fourth + 1);
+    let unseen = [
+        ("system", system.as_str()),
+        ("user", &opening(fifth)),
+        ("assistant", "an answer"),
+        ("user", "and then?"),
+    ];
+    let r = cluster.select(&COST, chat(&unseen), &[]).routed().unwrap();
     assert_eq!(r.route, Route::Primary);
 }
 
@@ -301,10 +327,11 @@ fn a_new_conversation_warms_an_idle_peer_when_the_warm_ones_are_busy() {
             .record(&completion(&earlier).blocks, warm.serial());
     }
     let _held = [streams(&peers[0], 3), streams(&peers[1], 3)];
-    // This turn alone is cheaper on a warm peer (500 new tokens beside three streams: 0.23 s)
-    // than on a cold one (6 500 tokens: 0.65 s); with the conversation's turns to come, each as
-    // large and beside three streams there or none, the cold peer is cheaper.
-    let new = format!("{protocol}Doctor: {}\nAssistant: ", "triage ".repeat(285));
+    // This turn alone is cheaper on a warm peer (700 new tokens beside three streams and a
+    // quarter of one to come: 0.33 s) than on a cold one (6 900 tokens: 0.86 s); with the
+    // conversation's turns to come, each as large and beside three streams there or none, the
+    // cold peer is cheaper.
+    let new = format!("{protocol}Doctor: {}\nAssistant: ", "triage ".repeat(400));
     let r = cluster
         .select(&COST, completion(&new), &[])
         .routed()

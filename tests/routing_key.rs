@@ -80,6 +80,27 @@ fn prompts_name_the_blocks_they_share() {
     assert_eq!(c.blocks.len(), whole + 1, "six blocks and the key's end");
 }
 
+/// A conversation's first turn ends with its key: it is marked as an opening, which no peer can
+/// hold more of than its system prompt. Later turns and raw prompts are not.
+#[test]
+fn a_first_turn_is_an_opening() {
+    let first = conversation("You are terse.", "Hello?", 1);
+    assert!(full_key(CHAT, &first).blocks.is_opening());
+    let spaced = first.replace("}]", "} \n ]");
+    assert_ne!(spaced, first);
+    assert!(full_key(CHAT, &spaced).blocks.is_opening());
+    let later = conversation("You are terse.", "Hello?", 2);
+    assert!(!full_key(CHAT, &later).blocks.is_opening());
+    // A first message from the user, and a trailing assistant prefill after it.
+    let prefilled = serde_json::json!({"messages": [
+        {"role": "user", "content": "Hello?"},
+        {"role": "assistant", "content": "Well,"},
+    ]});
+    assert!(!full_key(CHAT, &prefilled.to_string()).blocks.is_opening());
+    let raw = serde_json::json!({"prompt": "Hello?"}).to_string();
+    assert!(!full_key("/v1/completions", &raw).blocks.is_opening());
+}
+
 #[test]
 fn chat_key_is_stable_across_turns_and_differs_across_conversations() {
     let system = "You are a careful clinical assistant. ".repeat(40);

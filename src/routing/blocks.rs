@@ -32,6 +32,9 @@ pub struct Blocks {
     key: Option<u8>,
     /// The chain's length, past the last point too.
     bytes: u32,
+    /// A conversation's opening: nothing follows its key, so no peer can hold more of it than
+    /// the part it shares with other conversations.
+    opening: bool,
 }
 
 impl Default for Blocks {
@@ -42,6 +45,7 @@ impl Default for Blocks {
             len: 0,
             key: None,
             bytes: 0,
+            opening: false,
         }
     }
 }
@@ -52,6 +56,7 @@ impl std::fmt::Debug for Blocks {
             .field("ends", &&self.ends[..self.len()])
             .field("key", &self.key)
             .field("bytes", &self.bytes)
+            .field("opening", &self.opening)
             .finish()
     }
 }
@@ -110,6 +115,18 @@ impl Blocks {
     /// The chain's length: all of the prompt that was read.
     pub fn bytes(&self) -> u32 {
         self.bytes
+    }
+
+    /// The same chain, marked as a conversation's opening.
+    pub fn opening(self) -> Self {
+        Self {
+            opening: true,
+            ..self
+        }
+    }
+
+    pub fn is_opening(&self) -> bool {
+        self.opening
     }
 
     /// Whether the chain is a key alone: no prompt was read.

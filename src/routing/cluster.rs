@@ -437,8 +437,11 @@ impl Cluster {
         // The primary holds a conversation the record has not seen by construction: another
         // process may have sent it there, and no peer holding only its system prompt is priced
         // above it. With shared-prefix placement, the only process knows better: a
-        // conversation new to it is new, and goes where its system prompt went.
-        let by_construction = !held.knows_key() && (!alone || held.is_empty());
+        // conversation new to it is new, and goes where its system prompt went. So does an
+        // opening, new to every process: no peer holds more of it than its shared part. A key
+        // of which nothing is held anywhere goes to its primary, where every process looks.
+        let by_construction =
+            !held.knows_key() && (held.is_empty() || (!alone && !demand.blocks.is_opening()));
         let hit_of = |first: bool, peer: &Peer| {
             let share = held.share(peer.serial());
             match (by_construction, first) {

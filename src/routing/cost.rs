@@ -10,6 +10,9 @@
 //!   prefill shares the GPU's steps with the streams running there (chunked prefill), so each
 //!   of them waits it out too: it is counted once for this request and once for each of them.
 //!   Without that, a spill looks cheap to the request that spills and is paid by the others.
+//!   A quarter of a request to come is counted besides them: an idle peer's GPU is not free
+//!   either, and a prompt prefilled twice holds two GPUs where waiting for the first copy,
+//!   already under way, would have answered as soon.
 //! - `T_decode`: what the running streams add to this one's steps (a batch shares each step).
 //!
 //! Everything is in seconds and read from atomics: an estimate, fresh to the last request,
@@ -29,6 +32,10 @@ pub const EARLIER_HIT: f64 = 0.5;
 
 /// How much each other running stream slows a decode step (vLLM on one GPU: about 2%).
 const DECODE_SHARE: f64 = 0.02;
+
+/// The requests to come that a prefill is expected to delay besides the running ones: a prefill
+/// holds its GPU for as long as it takes, and a request that arrives meanwhile waits it out.
+const ARRIVALS: f64 = 0.25;
 
 /// The stream time assumed before a peer has finished a request.
 const DEFAULT_DECODE: Duration = Duration::from_millis(500);
@@ -94,7 +101,8 @@ impl CostModel {
         } else {
             p.load.min(p.capacity)
         });
-        let t_prefill = (1.0 - alpha) * f64::from(prompt_tokens) / self.rate() * (1.0 + running);
+        let t_prefill =
+            (1.0 - alpha) * f64::from(prompt_tokens) / self.rate() * (1.0 + ARRIVALS + running);
         let t_decode = DECODE_SHARE * running * decode(p);
         self.wait(p) + t_prefill + t_decode
     }
@@ -151,7 +159,7 @@ mod tests {
     #[test]
     fn an_idle_cold_peer_costs_its_prefill() {
         let cost = model().estimate(&IDLE, 5_000);
-        assert!(close(cost, 0.5), "{cost}");
+        assert!(close(cost, 0.5 * (1.0 + ARRIVALS)), "{cost}");
     }
 
     #[test]
@@ -161,7 +169,7 @@ mod tests {
             ..IDLE
         };
         let cost = model().estimate(&warm, 5_000);
-        assert!(close(cost, 0.05), "{cost}");
+        assert!(close(cost, 0.05 * (1.0 + ARRIVALS)), "{cost}");
         assert_eq!(model().uncached(5_000, WARM_HIT), 500);
         assert_eq!(model().uncached(5_000, EARLIER_HIT), 2_500);
         assert_eq!(model().uncached(5_000, 0.0), 5_000);
@@ -170,9 +178,10 @@ mod tests {
     #[test]
     fn a_prefill_is_paid_by_every_stream_running_beside_it() {
         let busy = Pricing { load: 3, ..IDLE };
-        // 0.5 s for this request and for each of the three streams, plus their decode share.
+        // 0.5 s for this request, for each of the three streams and for those to come, plus
+        // the streams' decode share.
         let cost = model().estimate(&busy, 5_000);
-        assert!(close(cost, 0.5 * 4.0 + 0.02 * 3.0), "{cost}");
+        assert!(close(cost, 0.5 * (4.0 + ARRIVALS) + 0.02 * 3.0), "{cost}");
         // A warm peer with streams still beats a cold idle one.
         let warm = Pricing {
             hit: WARM_HIT,
@@ -198,6 +207,25 @@ mod tests {
     }
 
     #[test]
+    fn waiting_for_a_queued_prefill_of_the_prompt_beats_repeating_it() {
+        // The same prompt's prefill is under way there: this one starts when it ends, as soon
+        // as a copy on an idle peer would have. The copy takes the idle GPU from what comes.
+        let behind = Pricing {
+            load: 1,
+            prefill_queue: 5_000,
+            hit: 0.99,
+            ..IDLE
+        };
+        assert!(model().estimate(&behind, 5_000) < model().estimate(&IDLE, 5_000));
+        // Not when the wait is much longer than the copy.
+        let far_behind = Pricing {
+            prefill_queue: 8_000,
+            ..behind
+        };
+        assert!(model().estimate(&far_behind, 5_000) > model().estimate(&IDLE, 5_000));
+    }
+
+    #[test]
     fn beyond_capacity_a_request_waits_a_share_of_the_stream_time() {
         let full = Pricing {
             load: 8,
@@ -207,7 +235,7 @@ mod tests {
         };
         // One ahead of its slot: it waits 1 s / 8 slots.
         assert!(close(model().wait(&full), 0.125));
-        let expected = 0.125 + 0.05 * 9.0 + 0.02 * 8.0;
+        let expected = 0.125 + 0.05 * (9.0 + ARRIVALS) + 0.02 * 8.0;
         assert!(close(model().estimate(&full, 5_000), expected));
         let with_room = Pricing { load: 6, ..full };
         assert!(close(model().wait(&with_room), 0.0));

@@ -321,7 +321,14 @@ impl KeyExtractor {
             let model = span.model.map(|(from, to)| &body[from..to]);
             let blocks = span.start.map_or_else(Blocks::default, |start| {
                 let key_end = span.key_end.unwrap_or(body.len());
-                Blocks::of_prompt(body, model, start, key_end)
+                let blocks = Blocks::of_prompt(body, model, start, key_end);
+                // The messages end with the key's first user message.
+                let after_key = body[key_end..].iter().find(|b| !b.is_ascii_whitespace());
+                if kind == BodyKind::Chat && after_key == Some(&b']') {
+                    blocks.opening()
+                } else {
+                    blocks
+                }
             });
             (enc.finish(), blocks, whole)
         };
