@@ -23,29 +23,42 @@ fn upstream_of(r: &reqwest::Response) -> String {
     r.headers()["x-upstream"].to_str().unwrap().to_owned()
 }
 
+/// Every conversation keeps its upstream across turns. Conversations with prompts of their own
+/// spread by their keys; those that open on a system prompt one upstream holds go there while it
+/// is idle, since a prefill of the shared part is saved there and nothing is paid for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_stick_to_one_upstream_across_turns() {
     let ups = upstreams::<3>().await;
     let proxy = start_proxy(&peers_yaml(&ups, None)).await;
     let c = client();
-    let system = "You are the triage assistant of St. Mary's. ".repeat(30);
-    let mut homes = HashSet::new();
+    let shared = "You are the triage assistant of St. Mary's. ".repeat(30);
+    let (mut own_homes, mut shared_homes) = (HashSet::new(), HashSet::new());
     for conv in 0..24 {
+        let own = format!("You are the assistant of ward {conv}. ").repeat(30);
+        let system = if conv % 2 == 0 { &own } else { &shared };
         let mut seen = HashSet::new();
         for turn in 1..=5 {
             let r = post_chat(
                 &c,
                 &proxy,
-                chat(&system, &format!("patient {conv}"), turn, false),
+                chat(system, &format!("patient {conv}"), turn, false),
             )
             .await;
             assert_eq!(r.status(), 200);
             seen.insert(upstream_of(&r));
         }
         assert_eq!(seen.len(), 1, "conversation {conv} moved: {seen:?}");
-        homes.extend(seen);
+        if conv % 2 == 0 {
+            own_homes.extend(seen);
+        } else {
+            shared_homes.extend(seen);
+        }
     }
-    assert!(homes.len() >= 2, "24 conversations all landed on {homes:?}");
+    assert!(
+        own_homes.len() >= 2,
+        "12 conversations all landed on {own_homes:?}"
+    );
+    assert_eq!(shared_homes.len(), 1, "{shared_homes:?}");
     proxy.assert_idle().await;
 }
 
