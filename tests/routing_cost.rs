@@ -246,15 +246,17 @@ fn a_new_conversation_goes_where_its_system_prompt_is() {
     assert!(Arc::ptr_eq(r.slot.peer(), &holder), "an opening went cold");
     drop(r);
     // A later turn this process has not seen is new with shared-prefix placement...
+    let later_turn = |i: usize| {
+        chat(&[
+            ("system", &system),
+            ("user", &opening(i)),
+            ("assistant", "an answer"),
+            ("user", "and then?"),
+        ])
+    };
     let fourth = away(third + 1);
-    let unseen = [
-        ("system", system.as_str()),
-        ("user", &opening(fourth)),
-        ("assistant", "an answer"),
-        ("user", "and then?"),
-    ];
     let r = cluster
-        .select(&PLACED, chat(&unseen), &[])
+        .select(&PLACED, later_turn(fourth), &[])
         .routed()
         .unwrap();
     assert!(Arc::ptr_eq(r.slot.peer(), &holder), "went cold");
@@ -262,13 +264,10 @@ fn a_new_conversation_goes_where_its_system_prompt_is() {
     // ...and by default may have been sent to its primary by another process, where it is
     // priced as held.
     let fifth = away(fourth + 1);
-    let unseen = [
-        ("system", system.as_str()),
-        ("user", &opening(fifth)),
-        ("assistant", "an answer"),
-        ("user", "and then?"),
-    ];
-    let r = cluster.select(&COST, chat(&unseen), &[]).routed().unwrap();
+    let r = cluster
+        .select(&COST, later_turn(fifth), &[])
+        .routed()
+        .unwrap();
     assert_eq!(r.route, Route::Primary);
 }
 
