@@ -184,6 +184,31 @@ fn a_long_prefill_queue_sends_the_key_to_a_cold_peer_and_it_turns_warm() {
     assert_eq!(settled.route, Route::Primary, "it served the key last");
 }
 
+/// The primary of a prompt no peer holds is priced as holding most of it, since another
+/// process may have sent it there; but the prefill it queues there is counted whole, so that
+/// the next prompt does not take it for a turn's worth of wait.
+#[test]
+fn a_prompt_nobody_holds_queues_its_whole_prefill_on_its_primary() {
+    let cluster = Cluster::new(&specs(4, UNLIMITED), RingConfig::default());
+    let cold = completion(&"Summarise the incident timeline below. ".repeat(400));
+    let tokens = u64::from(cold.prompt_tokens);
+    let first = cluster.select(&COST, cold, &[]).routed().unwrap();
+    assert_eq!(first.route, Route::Primary);
+    assert_eq!(first.slot.peer().prefill_queue(), tokens);
+    // A key without its prompt is another matter: the record cannot say what its primary
+    // holds, and a conversation's later turns come that way (a session header).
+    let h = key(7);
+    let keyed = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    let primary = &walk(&cluster, h)[0];
+    assert!(Arc::ptr_eq(keyed.slot.peer(), primary));
+    let queued_before = if Arc::ptr_eq(primary, first.slot.peer()) {
+        tokens
+    } else {
+        0
+    };
+    assert_eq!(primary.prefill_queue() - queued_before, 400);
+}
+
 /// With shared-prefix placement, a conversation new to this process, whose system prompt it
 /// sent to one peer lately, is priced there as holding that share of its prompt: it goes there
 /// rather than to a cold primary, and its next turn follows it.

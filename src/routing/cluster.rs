@@ -442,6 +442,7 @@ impl Cluster {
         // of which nothing is held anywhere goes to its primary, where every process looks.
         let by_construction =
             !held.knows_key() && (held.is_empty() || (!alone && !demand.blocks.is_opening()));
+        let cold = held.is_empty() && !demand.blocks.key_only();
         let hit_of = |first: bool, peer: &Peer| {
             let share = held.share(peer.serial());
             match (by_construction, first) {
@@ -547,7 +548,12 @@ impl Cluster {
             let Some(mut slot) = peer.try_take(bound) else {
                 continue;
             };
-            slot.expect_prefill(balance.cost.uncached(prompt_tokens, hit));
+            // Nobody holds a prompt the record has never seen served: the primary's share is
+            // assumed for the choice (another process may have warmed it), but the prefill it
+            // queues there is expected whole, so that the next requests for the prompt do not
+            // wait behind it as if it were a turn.
+            let expected = if cold { 0.0 } else { hit };
+            slot.expect_prefill(balance.cost.uncached(prompt_tokens, expected));
             let route = match place {
                 0 => Route::Primary,
                 _ if hit > 0.0 => Route::Replica,
