@@ -946,8 +946,10 @@ async fn an_engine_reporting_a_queue_is_passed_over_until_it_clears() {
 }
 
 /// A prompt is priced whether its key comes from the body or from a session header: until the
-/// engine's first byte its uncached share (all but the newest turn, on its own peer) counts on
-/// the peer's prefill queue, as `/admin/peers` shows, and the first byte gives it back.
+/// engine's first byte its uncached share counts on the peer's prefill queue, as
+/// `/admin/peers` shows, and the first byte gives it back. A prompt read from the body that no
+/// peer holds counts whole; one known by its session header alone counts all but the newest
+/// turn as cached on its own peer (the record cannot say what that peer holds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_counts_on_its_peers_prefill_queue_until_the_first_byte() {
     let ups = upstreams::<1>().await;
@@ -955,9 +957,9 @@ async fn a_prompt_counts_on_its_peers_prefill_queue_until_the_first_byte() {
     let c = client();
     let body = chat("system", &"x".repeat(40_000), 1, false);
     let tokens = (body.len() / prefixlb::routing::policy::CHARS_PER_TOKEN) as f64;
-    let expected = (tokens * (1.0 - prefixlb::routing::cost::WARM_HIT)).ceil() as u64;
+    let turn = (tokens * (1.0 - prefixlb::routing::cost::WARM_HIT)).ceil() as u64;
     let a = ups[0].addr_str();
-    for session in [None, Some("s-1")] {
+    for (session, expected) in [(None, tokens as u64), (Some("s-1"), turn)] {
         let mut req = c
             .post(proxy.url("/v1/chat/completions"))
             .header("x-mock-delay-ms", "1000")
