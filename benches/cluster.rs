@@ -344,42 +344,56 @@ enum Router {
         header: bool,
         /// `routing.shared_prefix_placement`.
         placement: bool,
+        /// Whether the replicas tell each other where prompts went (`replicas:`).
+        exchange: bool,
     },
     Vllm(&'static str),
     Sglang(&'static str),
     Haproxy(&'static str),
 }
 
-const ROUTERS: [Router; 10] = [
+const ROUTERS: [Router; 11] = [
     Router::Prefixlb {
         policy: "least_cost",
         replicas: 1,
         header: false,
         placement: false,
+        exchange: false,
     },
     Router::Prefixlb {
         policy: "least_cost",
         replicas: 1,
         header: false,
         placement: true,
+        exchange: false,
     },
     Router::Prefixlb {
         policy: "least_cost",
         replicas: 1,
         header: true,
         placement: false,
+        exchange: false,
     },
     Router::Prefixlb {
         policy: "least_cost",
         replicas: REPLICAS,
         header: false,
         placement: false,
+        exchange: true,
+    },
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: REPLICAS,
+        header: false,
+        placement: false,
+        exchange: false,
     },
     Router::Prefixlb {
         policy: "bounded_consistent_hash",
         replicas: 1,
         header: false,
         placement: false,
+        exchange: false,
     },
     Router::Vllm("sticky_least_loaded"),
     Router::Vllm("consistent_hash"),
@@ -396,6 +410,7 @@ impl Router {
                 replicas,
                 header,
                 placement,
+                exchange,
             } => {
                 let key = if header { ", session header" } else { "" };
                 let key = if placement {
@@ -403,10 +418,10 @@ impl Router {
                 } else {
                     key.to_owned()
                 };
-                let n = if replicas > 1 {
-                    format!(" ×{replicas}")
-                } else {
-                    String::new()
+                let n = match (replicas, exchange) {
+                    (1, _) => String::new(),
+                    (n, true) => format!(" ×{n}"),
+                    (n, false) => format!(" ×{n} apart"),
                 };
                 format!("prefixlb {policy}{n}{key}")
             }
@@ -436,17 +451,23 @@ impl Router {
                 policy,
                 replicas,
                 placement,
+                exchange,
                 ..
             } => {
                 let config = format!(
                     "{}routing: {{policy: {policy}, prefill_tokens_per_second: {PREFILL_TOKENS_PER_SEC}, shared_prefix_placement: {placement}}}\nhealth_check: {{enabled: false}}\nengine_metrics: {{enabled: true}}\n",
                     peers_yaml_at(gpus.iter().copied(), Some(MAX_IN_FLIGHT))
                 );
+                let told = if exchange {
+                    replicas_yaml(replicas)
+                } else {
+                    vec![String::new(); replicas]
+                };
                 let mut proxies = Vec::new();
-                for _ in 0..replicas {
+                for told in told {
                     // The access log stays on, as by default: its cost is part of what is
                     // measured.
-                    proxies.push(start_proxy(&config).await);
+                    proxies.push(start_proxy(&format!("{config}{told}")).await);
                 }
                 let addrs = proxies.iter().map(|p| p.addr).collect();
                 Ok((addrs, Running::Prefixlb(proxies)))
@@ -823,15 +844,18 @@ fn verdict(shape: Shape, results: &[&RunResult]) -> Vec<String> {
                 replicas: 1,
                 header: false,
                 placement: false,
+                exchange: false,
             }
     });
     let many = results
         .iter()
-        .find(|r| matches!(r.router, Router::Prefixlb { replicas, .. } if replicas > 1));
-    if let (Some(one), Some(many)) = (one, many) {
+        .filter(|r| matches!(r.router, Router::Prefixlb { replicas, .. } if replicas > 1));
+    for many in many {
+        let Some(one) = one else { break };
         lines.push(format!(
-            "{}: {REPLICAS} replicas: hits {:.2}× one process's, p50 {:.2}×, p99 {:.2}×, peak GPU load {:.0} (max_in_flight {MAX_IN_FLIGHT})",
+            "{}: {}: hits {:.3}× one process's, p50 {:.2}×, p99 {:.2}×, peak GPU load {:.0} (max_in_flight {MAX_IN_FLIGHT})",
             shape.name(),
+            many.router.name(),
             many.hit_ratio / one.hit_ratio.max(1e-9),
             many.p(50.0) / one.p(50.0),
             many.p(99.0) / one.p(99.0),

@@ -86,6 +86,11 @@ metric!(ENGINE_SCRAPE_FAILURES: IntCounter = register_int_counter!(
     "prefixlb_engine_scrape_failures_total",
     "Engine metrics pages that could not be read or held no request counts (the peer then counts this process's requests only)"
 ));
+metric!(REPLICA_PROMPTS: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_replica_messages_total",
+    "The replicas' exchange of where prompts went: datagrams sent (each to every other replica), prompts heard, datagrams refused (from an address not listed)",
+    &["event"]
+));
 metric!(RELOADS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_reloads_total",
     "Reloads of the peer list, by result: changed, unchanged or error",
@@ -142,6 +147,11 @@ const RECORD_GAUGES: [(&str, &str); 3] = [
 const RECORD_EVICTIONS: (&str, &str) = (
     "prefixlb_prefix_record_evictions_total",
     "Prompt blocks the record forgot to make room for others",
+);
+
+const RECORD_UNSENT: (&str, &str) = (
+    "prefixlb_prefix_record_unsent_total",
+    "Prompts not told to the other replicas: the queue to them was full",
 );
 
 const PEER_GAUGES: [(&str, &str); 9] = [
@@ -240,12 +250,15 @@ impl Collector for PeerGauges {
         let evictions =
             IntCounter::new(RECORD_EVICTIONS.0, RECORD_EVICTIONS.1).expect("valid metric");
         evictions.inc_by(stats.evictions);
+        let unsent = IntCounter::new(RECORD_UNSENT.0, RECORD_UNSENT.1).expect("valid metric");
+        unsent.inc_by(stats.unsent);
         vecs.iter()
             .chain(&pool_vecs)
             .flat_map(|v| v.collect())
             .chain(depth.collect())
             .chain(record.flatten())
             .chain(evictions.collect())
+            .chain(unsent.collect())
             .collect()
     }
 }
@@ -333,9 +346,10 @@ pub fn register(router: Arc<Router>, tenants: Option<Arc<Tenants>>) -> prometheu
     }
     let mut peer_descs = descs(&PEER_GAUGES, "peer")?;
     peer_descs.extend(descs(&POOL_GAUGES, "model")?);
-    for (name, help) in RECORD_GAUGES
-        .iter()
-        .chain([&QUEUE_DEPTH, &RECORD_EVICTIONS])
+    for (name, help) in
+        RECORD_GAUGES
+            .iter()
+            .chain([&QUEUE_DEPTH, &RECORD_EVICTIONS, &RECORD_UNSENT])
     {
         peer_descs.push(Desc::new(
             name.to_string(),
@@ -361,6 +375,7 @@ pub fn register(router: Arc<Router>, tenants: Option<Arc<Tenants>>) -> prometheu
         &KEY_SOURCES,
         &RELOADS,
         &FILE_RELOADS,
+        &REPLICA_PROMPTS,
     ] {
         LazyLock::force(counters);
     }

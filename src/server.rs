@@ -15,6 +15,7 @@ use pingora::services::listening::Service;
 use crate::admin::Admin;
 use crate::control::engine::EngineFeedback;
 use crate::control::models::ModelLists;
+use crate::control::replicas::ReplicaExchange;
 use crate::control::shared_load::{Publisher, SharedLoad};
 use crate::control::source::PeerSource;
 use crate::control::watch::{CertFiles, FileWatch, KeysFile, SettledFile, Watched};
@@ -213,6 +214,12 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
                 engine.clone(),
                 settings.proxy.upstream.tls.clone(),
             ),
+        ));
+    }
+    if let Some(replicas) = &settings.replicas {
+        server.add_service(background_service(
+            "replicas",
+            ReplicaExchange::new(Arc::clone(&router), replicas.clone()),
         ));
     }
     if let Some(discovery) = &settings.model_discovery {

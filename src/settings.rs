@@ -36,6 +36,17 @@ pub struct Settings {
     pub engine_metrics: Option<EngineMetrics>,
     /// `None`: peers serve the models they are listed with, or any.
     pub model_discovery: Option<ModelDiscovery>,
+    /// `None`: this process tells no other prefixlb where prompts went.
+    pub replicas: Option<Replicas>,
+}
+
+/// The other prefixlb processes in front of the same peers, told where prompts went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replicas {
+    /// Where this process hears the others (UDP).
+    pub listen: SocketAddr,
+    /// Where the others hear (UDP).
+    pub others: Vec<SocketAddr>,
 }
 
 /// Asking each peer that lists no models which it serves (`GET /v1/models`).

@@ -172,6 +172,87 @@ async fn a_turn_follows_its_own_history_inside_a_shared_prompt() {
     proxy.assert_idle().await;
 }
 
+/// Replicas that tell each other where prompts went: a conversation one of them moved off its
+/// full peer is followed there by another, which never saw it; a process not told sends the
+/// next turn where the shared prompt's key goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_sends_a_turn_where_another_replica_sent_its_conversation() {
+    let ups = upstreams::<3>().await;
+    let base = format!(
+        "{}routing: {{prefix_record_mib: 2}}\n",
+        peers_yaml(&ups, Some(1))
+    );
+    let told = replicas_yaml(2);
+    let a = start_proxy(&format!("{base}{}", told[0])).await;
+    let b = start_proxy(&format!("{base}{}", told[1])).await;
+    let apart = start_proxy(&base).await;
+    let c = client();
+    let template = "Protocol of the ward: check, chart, report. ".repeat(200);
+    let turn = |who: &str, n: usize| {
+        let mut p = template.clone();
+        for t in 1..=n {
+            p.push_str(&format!(
+                "Doctor {who}, turn {t}: {}\n",
+                "symptom ".repeat(500)
+            ));
+        }
+        p
+    };
+    let held = post_prompt(&c, &a, &turn("a", 1), Some(2_000)).await;
+    let home = upstream_of(&held);
+    let moved = upstream_of(&post_prompt(&c, &a, &turn("b", 1), None).await);
+    assert_ne!(moved, home, "the full peer was not skipped");
+    let _ = held.bytes().await.unwrap();
+    a.wait_idle(Duration::from_secs(5)).await;
+
+    let heard = |m: String| {
+        m.lines()
+            .find_map(|l| {
+                l.strip_prefix(r#"prefixlb_replica_messages_total{event="heard"} "#)?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    let start = Instant::now();
+    while heard(b.metrics().await) < 2.0 {
+        assert!(start.elapsed() < Duration::from_secs(5), "b heard nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let via_b = upstream_of(&post_prompt(&c, &b, &turn("b", 2), None).await);
+    assert_eq!(via_b, moved, "b did not follow the conversation a moved");
+    let via_apart = upstream_of(&post_prompt(&c, &apart, &turn("b", 2), None).await);
+    assert_eq!(
+        via_apart, home,
+        "a process not told sends it where its key goes"
+    );
+
+    // What an address that is no replica's sends is refused.
+    use prefixlb::control::replicas::{encode_entry, MAGIC};
+    let b_listen = told[1].split('"').nth(1).unwrap();
+    let mut stray = MAGIC.to_vec();
+    assert!(encode_entry(&mut stray, &ups[0].addr_str(), &[1, 2, 3]));
+    let from = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+    from.send_to(&stray, b_listen).unwrap();
+    let refused = |m: String| m.contains(r#"prefixlb_replica_messages_total{event="refused"} 1"#);
+    let start = Instant::now();
+    while !refused(b.metrics().await) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the stray datagram was not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        heard(b.metrics().await),
+        2.0,
+        "b recorded the stray datagram"
+    );
+    for p in [&a, &b, &apart] {
+        p.assert_idle().await;
+    }
+}
+
 /// A chat body of exactly `len` bytes whose key needs all of it: the first user message is the
 /// filler and `model` comes last, so the peek reads as far as it may.
 fn sized_body(len: usize) -> Vec<u8> {
@@ -887,6 +968,14 @@ fn invalid_configs_are_refused_naming_the_field() {
             "listen[0].tls.cert",
         ),
         ("auth: {keys_file: /no/keys.yaml}", "auth.keys_file"),
+        (
+            "replicas: {listen: \"127.0.0.1:7300\", others: []}",
+            "replicas.others",
+        ),
+        (
+            "replicas: {listen: \"127.0.0.1:7300\", others: [\"10.0.0.2\"]}",
+            "replicas.others[0]",
+        ),
         ("peers: [{addr: \"127.0.0.1:1\", sni: x}]", "peers[0].sni"),
         (
             "discovery: {redis: {url: \"http://x\"}}",

@@ -15,8 +15,8 @@ use crate::routing::{
 };
 use crate::settings::{
     AdminSettings, Auth, Discovery, Dns, DnsQuery, EngineMetrics, ForwardingSettings, HealthCheck,
-    Listener, ModelDiscovery, PeekLimits, ProxySettings, Registry, RouterSettings, Settings,
-    TlsFiles, Upstream, UpstreamTls,
+    Listener, ModelDiscovery, PeekLimits, ProxySettings, Registry, Replicas, RouterSettings,
+    Settings, TlsFiles, Upstream, UpstreamTls,
 };
 
 fn at_least_one(field: &str, n: u64) -> Result<(), ConfigError> {
@@ -198,6 +198,7 @@ impl File {
                 }
                 false => None,
             },
+            replicas: self.replicas.map(replicas).transpose()?,
             peers,
         })
     }
@@ -224,6 +225,24 @@ fn admin(a: schema::Admin) -> Result<Option<AdminSettings>, ConfigError> {
         listen,
         token: a.token,
     }))
+}
+
+fn replicas(r: schema::ReplicasFile) -> Result<Replicas, ConfigError> {
+    if r.others.is_empty() {
+        return Err(ConfigError::new(
+            "replicas.others",
+            "lists no other process (omit replicas for none)",
+        ));
+    }
+    Ok(Replicas {
+        listen: socket_addr("replicas.listen", &r.listen)?,
+        others: r
+            .others
+            .iter()
+            .enumerate()
+            .map(|(i, o)| socket_addr(&format!("replicas.others[{i}]"), o))
+            .collect::<Result<_, _>>()?,
+    })
 }
 
 /// The record's largest budget: 4 GiB, millions of prompts' worth.

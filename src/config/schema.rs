@@ -43,6 +43,7 @@ pub struct File {
     pub forwarding: Forwarding,
     pub engine_metrics: EngineMetricsFile,
     pub models: ModelsFile,
+    pub replicas: Option<ReplicasFile>,
     /// One line per request on standard output: plain, json or off.
     pub access_log: AccessLogFormat,
     /// The secret the log's key hashes are keyed with (the same on every replica, for logs
@@ -68,6 +69,7 @@ impl Default for File {
             forwarding: Forwarding::default(),
             engine_metrics: EngineMetricsFile::default(),
             models: ModelsFile::default(),
+            replicas: None,
             access_log: AccessLogFormat::default(),
             access_log_key: None,
         }
@@ -310,6 +312,16 @@ impl Default for Admin {
             token: a.token,
         }
     }
+}
+
+/// The other prefixlb processes in front of the same peers.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicasFile {
+    /// `ip:port` where this process hears the others (UDP).
+    pub listen: String,
+    /// `ip:port` of each of the others.
+    pub others: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

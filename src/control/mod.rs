@@ -11,6 +11,7 @@ pub mod engine;
 pub mod models;
 pub mod probe;
 pub mod registry;
+pub mod replicas;
 pub mod shared_load;
 pub mod source;
 pub mod watch;

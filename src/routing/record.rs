@@ -14,8 +14,15 @@
 //! It holds hints, not facts: entries are plain atomics without a lock, so two prompts racing
 //! for one entry may leave it mixed. The worst outcome is one request priced as warm that was
 //! not.
+//!
+//! Several prefixlb processes in front of the same peers each see only the turns that reach
+//! them. A record told to share ([`PrefixRecord::share`]) hands each prompt it records to an
+//! outbox, which the control plane sends to the others; what they send back is recorded with
+//! [`PrefixRecord::record_heard`], and not handed on again.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use super::blocks::Blocks;
@@ -66,6 +73,17 @@ pub struct PrefixRecord {
     evictions: AtomicU64,
     /// Counts recorded prompts, wrapping: each stamps the entries it touches.
     stamps: AtomicU32,
+    /// Where prompts recorded here go for the other processes, once one is set.
+    outbox: OnceLock<SyncSender<Served>>,
+    /// Prompts the outbox had no room for.
+    unsent: AtomicU64,
+}
+
+/// A prompt this process sent to a peer (by its serial), for the other processes.
+#[derive(Debug, Clone, Copy)]
+pub struct Served {
+    pub blocks: Blocks,
+    pub peer: u32,
 }
 
 impl Default for PrefixRecord {
@@ -84,6 +102,8 @@ pub struct RecordStats {
     pub used: u64,
     /// Blocks forgotten to make room for others.
     pub evictions: u64,
+    /// Prompts not told to the other processes: their outbox was full.
+    pub unsent: u64,
 }
 
 /// What the record knows of one prompt: the peers that hold part of it, and how deep.
@@ -157,7 +177,16 @@ impl PrefixRecord {
             used: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             stamps: AtomicU32::new(0),
+            outbox: OnceLock::new(),
+            unsent: AtomicU64::new(0),
         }
+    }
+
+    /// Hands every prompt recorded from now on to `outbox` as well. A full outbox drops the
+    /// prompt (counted): the request path never waits for the other processes. False when an
+    /// outbox was set already.
+    pub fn share(&self, outbox: SyncSender<Served>) -> bool {
+        self.outbox.set(outbox).is_ok()
     }
 
     pub fn stats(&self) -> RecordStats {
@@ -166,6 +195,7 @@ impl PrefixRecord {
             capacity: (self.sets.len() * SET) as u64,
             used: self.used.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
+            unsent: self.unsent.load(Ordering::Relaxed),
         }
     }
 
@@ -238,16 +268,32 @@ impl PrefixRecord {
         out
     }
 
-    /// Notes that `peer` serves the prompt named by `blocks` now.
+    /// Notes that `peer` serves the prompt named by `blocks` now, and tells the other
+    /// processes when sharing.
     pub fn record(&self, blocks: &Blocks, peer: u32) {
         if blocks.is_empty() {
             return;
         }
+        self.record_heard(blocks.hashes(), peer);
+        if let Some(outbox) = self.outbox.get() {
+            let served = Served {
+                blocks: *blocks,
+                peer,
+            };
+            if let Err(TrySendError::Full(_)) = outbox.try_send(served) {
+                self.unsent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Notes that `peer` serves the prompt whose blocks are named `hashes` (shallowest
+    /// first), as another process told.
+    pub fn record_heard(&self, hashes: &[u64], peer: u32) {
         // What is served after a forget counts from the tick after it, which the forget's
         // own tick does not reach (see `fresh`).
         let now = self.now().max(self.floor.load(Ordering::Relaxed) + 1);
         let stamp = self.stamps.fetch_add(1, Ordering::Relaxed);
-        for &hash in blocks.hashes() {
+        for &hash in hashes {
             self.record_at(hash, peer, now, stamp);
         }
     }
@@ -358,6 +404,31 @@ mod tests {
             }
         }
         c.finish()
+    }
+
+    #[test]
+    fn a_sharing_record_hands_on_what_it_records_and_not_what_it_hears() {
+        let (one, two) = (PrefixRecord::default(), PrefixRecord::default());
+        let (outbox, sent) = std::sync::mpsc::sync_channel(1);
+        assert!(one.share(outbox.clone()));
+        assert!(!one.share(outbox), "an outbox is set once");
+        let turn = prompt(&[(b's', 3_000), (b'q', 100), (b'a', 2_000)]);
+        one.record(&turn, 3);
+        let served = sent.try_recv().expect("handed on");
+        assert_eq!((served.blocks, served.peer), (turn, 3));
+        // Another process records it as heard: the same holdings, and nothing handed on.
+        two.record_heard(served.blocks.hashes(), 3);
+        let (a, b) = (one.holdings(&turn), two.holdings(&turn));
+        assert_eq!((a.share(3), a.knows_key()), (b.share(3), b.knows_key()));
+        let held = b.share(3);
+        assert!(held > 0.5, "{held}");
+        one.record_heard(turn.hashes(), 4);
+        assert!(sent.try_recv().is_err(), "a heard prompt was handed on");
+        // A full outbox drops the prompt and counts it; the record has it all the same.
+        one.record(&turn, 5);
+        one.record(&turn, 6);
+        assert_eq!(one.stats().unsent, 1);
+        assert_eq!(one.holdings(&turn).share(6), held);
     }
 
     fn holdings_at(r: &PrefixRecord, b: &Blocks, now: u32) -> Holdings {

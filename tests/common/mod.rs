@@ -386,6 +386,30 @@ pub fn free_port() -> u16 {
     free_addr().port()
 }
 
+/// The `replicas:` setting of each of `n` prefixlb processes that tell each other where
+/// prompts went, on loopback UDP ports free when looked up.
+pub fn replicas_yaml(n: usize) -> Vec<String> {
+    // All held until all are known, so that no two are the same.
+    let sockets: Vec<_> = (0..n)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
+    addrs
+        .iter()
+        .map(|me| {
+            let others: Vec<String> = addrs
+                .iter()
+                .filter(|a| *a != me)
+                .map(|a| format!("\"{a}\""))
+                .collect();
+            format!(
+                "replicas: {{listen: \"{me}\", others: [{}]}}\n",
+                others.join(", ")
+            )
+        })
+        .collect()
+}
+
 /// Waits (at most 20 s) until something accepts connections on `addr`.
 pub async fn wait_listening(addr: SocketAddr, what: &str) {
     let start = Instant::now();
@@ -619,7 +643,7 @@ pub fn spawn_proxy_adjusted(
         "engine_metrics: {enabled: false}\n"
     };
     // A configuration with listeners of its own writes `{port}` for the proxy's port.
-    let listen = if config.contains("listen:") {
+    let listen = if config.lines().any(|l| l.starts_with("listen:")) {
         String::new()
     } else {
         format!("listen: [\"127.0.0.1:{port}\"]\n")
