@@ -9,11 +9,15 @@
 //! those.
 //!
 //! The routers: prefixlb (its default policy, with the key from the body and from a session
-//! header; four processes in front of the same GPUs; `bounded_consistent_hash`), vllm-router
-//! `sticky_least_loaded` and `consistent_hash` with the session header, sglang-router
-//! `cache_aware` (both from PyPI, into a venv the bench makes), HAProxy `roundrobin` and
-//! `leastconn` (the Debian package). A router that cannot be installed is skipped with a line
+//! header; four processes in front of the same GPUs, told of each other and not;
+//! `bounded_consistent_hash`), vllm-router `sticky_least_loaded` and `consistent_hash` with
+//! the session header, sglang-router `cache_aware` (both from PyPI, into a venv the bench
+//! makes), HAProxy `roundrobin` and `leastconn` (the Debian package). A router that cannot be installed is skipped with a line
 //! saying why.
+//!
+//! Each run also gets a floor: the TTFT p99 no router could have gone below on its arrivals
+//! (see [`ttft_floors`]), printed with prefixlb's verdict, so that a target under it reads as
+//! out of reach rather than missed.
 //!
 //! The workloads, all streamed, sessions resending their whole history every turn and thinking
 //! between turns:
@@ -227,17 +231,73 @@ fn workload(shape: Shape) -> Vec<Session> {
     }
 }
 
+/// The least TTFT each request could have had, whatever the router: the part of its prompt
+/// that could not have been prefilled anywhere by the time it came, at the simulator's prefill
+/// rate. GPUs are taken as unlimited and idle and caches as keeping everything, so it is a
+/// floor, not an estimate. A prefix is cached at the earliest once the first request that
+/// carried it has prefilled what no request before that one carried: two readers of one cold
+/// document in a burst both wait out most of its prefill.
+fn ttft_floors(stats: &[Stat]) -> Vec<f64> {
+    let chars_per_ms = PREFILL_TOKENS_PER_SEC * 4.0 / 1000.0;
+    let mut order: Vec<&Stat> = stats.iter().collect();
+    order.sort_by_key(|s| s.sent);
+    let at = |s: &Stat| s.sent.as_secs_f64() * 1000.0;
+    // How much of each prompt some request sent before it carried.
+    let mut carried = vec![0usize; order.len()];
+    let mut floors = Vec::with_capacity(order.len());
+    for (i, s) in order.iter().enumerate() {
+        let mine = s.prompt.as_bytes();
+        let shared: Vec<usize> = order[..i]
+            .iter()
+            .map(|e| common_prefix(mine, e.prompt.as_bytes()))
+            .collect();
+        // reach[j]: the longest prefix of this prompt carried by request j or one before it.
+        let reach: Vec<usize> = shared
+            .iter()
+            .scan(0, |most, &l| {
+                *most = l.max(*most);
+                Some(*most)
+            })
+            .collect();
+        carried[i] = reach.last().copied().unwrap_or(0);
+        let mut best = mine.len() as f64 / chars_per_ms;
+        for &c in &shared {
+            let first = reach.partition_point(|&r| r < c);
+            let cached_at =
+                at(order[first]) + c.saturating_sub(carried[first]) as f64 / chars_per_ms;
+            let own = (mine.len() - c) as f64 / chars_per_ms;
+            best = best.min((cached_at - at(s)).max(0.0) + own);
+        }
+        floors.push(best);
+    }
+    floors
+}
+
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 64 <= n && a[i..i + 64] == b[i..i + 64] {
+        i += 64;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
 /// What the simulator answers to `n` tokens: the history every next turn carries.
 fn answer(n: usize) -> String {
     (0..n).map(|i| format!("tok{i} ")).collect()
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Stat {
     session: usize,
     turn: usize,
     /// When it was sent, from the start of the run.
     sent: Duration,
+    /// Its prompt as the simulator reads it (a chat's messages as `role: content` lines).
+    prompt: Arc<str>,
     ttft_ms: f64,
     e2e_ms: f64,
     ok: bool,
@@ -272,10 +332,12 @@ async fn run_session(c: Client, index: usize, s: Session, stats: Arc<Mutex<Vec<S
     tokio::time::sleep(s.start.div_f64(SPEED)).await;
     let mut messages = vec![json!({"role": "system", "content": &*s.system})];
     let mut text = format!("{}\n", s.system);
+    let mut lines = format!("system: {}\n", s.system);
     for (turn, t) in s.turns.into_iter().enumerate() {
         let lb = c.entry.pick();
         let (url, body) = if s.chat {
             messages.push(json!({"role": "user", "content": t.user}));
+            lines.push_str(&format!("user: {}\n", t.user));
             (
                 format!("http://{lb}/v1/chat/completions"),
                 json!({"model": "m", "stream": true, "max_tokens": t.max_tokens, "messages": messages}),
@@ -287,6 +349,7 @@ async fn run_session(c: Client, index: usize, s: Session, stats: Arc<Mutex<Vec<S
                 json!({"model": "m", "stream": true, "max_tokens": t.max_tokens, "prompt": text}),
             )
         };
+        let prompt: Arc<str> = if s.chat { &lines } else { &text }.as_str().into();
         let start = Instant::now();
         let mut ttft = None;
         let ok = async {
@@ -321,12 +384,14 @@ async fn run_session(c: Client, index: usize, s: Session, stats: Arc<Mutex<Vec<S
             session: index,
             turn,
             sent: start.duration_since(c.epoch),
+            prompt,
             ttft_ms: ttft.unwrap_or(e2e).as_secs_f64() * 1000.0,
             e2e_ms: e2e.as_secs_f64() * 1000.0,
             ok,
         });
         let reply = answer(t.max_tokens);
         if s.chat {
+            lines.push_str(&format!("assistant: {reply}\n"));
             messages.push(json!({"role": "assistant", "content": reply}));
         } else {
             text.push_str(&reply);
@@ -659,6 +724,13 @@ impl RunResult {
         percentile(&self.ttfts(), q)
     }
 
+    /// The TTFT percentile `q` that no router could have gone below on this run's arrivals.
+    fn floor(&self, q: f64) -> f64 {
+        let mut v = ttft_floors(&self.stats);
+        v.sort_by(f64::total_cmp);
+        percentile(&v, q)
+    }
+
     /// The least-served GPU's requests over the mean: how far below its share one fell.
     fn lowest_share(&self) -> f64 {
         let mean = self.served.iter().sum::<f64>() / self.served.len().max(1) as f64;
@@ -687,6 +759,7 @@ impl RunResult {
             "requests": self.stats.len(),
             "errors": self.errors(),
             "ttft_ms": {"p50": self.p(50.0), "p90": self.p(90.0), "p99": self.p(99.0)},
+            "ttft_p99_floor_ms": self.floor(99.0),
             "mean_e2e_ms": mean_e2e,
             "throughput_rps": ok.len() as f64 / self.wall.as_secs_f64(),
             "prefix_cache_hit_ratio": self.hit_ratio,
@@ -828,8 +901,16 @@ fn verdict(shape: Shape, results: &[&RunResult]) -> Vec<String> {
         let lowest = r.lowest_share();
         let spread = shape != Shape::Prompts || lowest >= 0.5;
         let met = p50 <= 1.05 && p99 <= 0.8 && hits >= -1.0 && r.errors() == 0 && spread;
+        // Below the floor of its own arrivals no router could go: a p99 target under it is
+        // out of reach on this run, whatever the routing.
+        let floor = r.floor(99.0);
+        let reach = if floor > 0.8 * best_p99 {
+            format!(", out of reach: the arrivals' p99 floor is {floor:.0} ms, 0.8× the best peer's {:.0} ms", 0.8 * best_p99)
+        } else {
+            format!(", p99 floor {floor:.0} ms")
+        };
         lines.push(format!(
-            "{}: {}: p50 {p50:.2}× the best peer's, p99 {p99:.2}×, hits {hits:+.1} points, {} errors, least-served GPU {lowest:.2}× the mean: {}",
+            "{}: {}: p50 {p50:.2}× the best peer's, p99 {p99:.2}×{reach}, hits {hits:+.1} points, {} errors, least-served GPU {lowest:.2}× the mean: {}",
             shape.name(),
             r.router.name(),
             r.errors(),
