@@ -86,7 +86,7 @@ metric!(ENGINE_SCRAPE_FAILURES: IntCounter = register_int_counter!(
     "prefixlb_engine_scrape_failures_total",
     "Engine metrics pages that could not be read or held no request counts (the peer then counts this process's requests only)"
 ));
-metric!(REPLICA_PROMPTS: IntCounterVec = register_int_counter_vec!(
+metric!(REPLICA_MESSAGES: IntCounterVec = register_int_counter_vec!(
     "prefixlb_replica_messages_total",
     "The replicas' exchange of where prompts went: datagrams sent (each to every other replica), prompts heard, datagrams refused (from an address not listed)",
     &["event"]
@@ -375,7 +375,7 @@ pub fn register(router: Arc<Router>, tenants: Option<Arc<Tenants>>) -> prometheu
         &KEY_SOURCES,
         &RELOADS,
         &FILE_RELOADS,
-        &REPLICA_PROMPTS,
+        &REPLICA_MESSAGES,
     ] {
         LazyLock::force(counters);
     }

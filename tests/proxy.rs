@@ -116,6 +116,22 @@ async fn post_prompt(
     r
 }
 
+/// Turn `n` of doctor `who`'s conversation, sent as one growing completions prompt after the
+/// ward's shared template (8 KiB: its first 2048 characters are every conversation's key).
+fn ward_turn(who: &str, n: usize) -> String {
+    let mut p = "Protocol of the ward: check, chart, report. ".repeat(200);
+    for t in 1..=n {
+        p.push_str(&format!(
+            "Doctor {who}, turn {t}: {}\nAssistant: ",
+            "symptom ".repeat(500)
+        ));
+        if t < n {
+            p.push_str("noted.\n");
+        }
+    }
+    p
+}
+
 /// Conversations sent as one growing completions prompt share one key (the template's first
 /// 2048 characters): the record of where their blocks went is what tells them apart. A turn
 /// goes where its own history is, not where the template went last, and the record counts
@@ -129,33 +145,19 @@ async fn a_turn_follows_its_own_history_inside_a_shared_prompt() {
     );
     let proxy = start_proxy(&cfg).await;
     let c = client();
-    let template = "Protocol of the ward: check, chart, report. ".repeat(200);
-    let turn = |who: &str, n: usize| {
-        let mut p = template.clone();
-        for t in 1..=n {
-            p.push_str(&format!(
-                "Doctor {who}, turn {t}: {}\nAssistant: ",
-                "symptom ".repeat(500)
-            ));
-            if t < n {
-                p.push_str("noted.\n");
-            }
-        }
-        p
-    };
-    let home = upstream_of(&post_prompt(&c, &proxy, &turn("a", 1), None).await);
+    let home = upstream_of(&post_prompt(&c, &proxy, &ward_turn("a", 1), None).await);
     // B's first turn finds the template's peer full and goes elsewhere.
-    let held = post_prompt(&c, &proxy, &turn("a", 1), Some(2_000)).await;
+    let held = post_prompt(&c, &proxy, &ward_turn("a", 1), Some(2_000)).await;
     assert_eq!(upstream_of(&held), home);
-    let b = upstream_of(&post_prompt(&c, &proxy, &turn("b", 1), None).await);
+    let b = upstream_of(&post_prompt(&c, &proxy, &ward_turn("b", 1), None).await);
     assert_ne!(b, home, "the full peer was not skipped");
     let _ = held.bytes().await.unwrap();
     proxy.wait_idle(Duration::from_secs(5)).await;
     // C's first turn goes home, which served the template last.
-    let c1 = upstream_of(&post_prompt(&c, &proxy, &turn("c", 1), None).await);
+    let c1 = upstream_of(&post_prompt(&c, &proxy, &ward_turn("c", 1), None).await);
     assert_eq!(c1, home);
     // B's second turn goes to B's history, not to where the template went last.
-    let b2 = upstream_of(&post_prompt(&c, &proxy, &turn("b", 2), None).await);
+    let b2 = upstream_of(&post_prompt(&c, &proxy, &ward_turn("b", 2), None).await);
     assert_eq!(b2, b, "B's turn 2 lost its history");
     let m = proxy.metrics().await;
     let gauge = |name: &str| {
@@ -187,20 +189,9 @@ async fn a_replica_sends_a_turn_where_another_replica_sent_its_conversation() {
     let b = start_proxy(&format!("{base}{}", told[1])).await;
     let apart = start_proxy(&base).await;
     let c = client();
-    let template = "Protocol of the ward: check, chart, report. ".repeat(200);
-    let turn = |who: &str, n: usize| {
-        let mut p = template.clone();
-        for t in 1..=n {
-            p.push_str(&format!(
-                "Doctor {who}, turn {t}: {}\n",
-                "symptom ".repeat(500)
-            ));
-        }
-        p
-    };
-    let held = post_prompt(&c, &a, &turn("a", 1), Some(2_000)).await;
+    let held = post_prompt(&c, &a, &ward_turn("a", 1), Some(2_000)).await;
     let home = upstream_of(&held);
-    let moved = upstream_of(&post_prompt(&c, &a, &turn("b", 1), None).await);
+    let moved = upstream_of(&post_prompt(&c, &a, &ward_turn("b", 1), None).await);
     assert_ne!(moved, home, "the full peer was not skipped");
     let _ = held.bytes().await.unwrap();
     a.wait_idle(Duration::from_secs(5)).await;
@@ -219,9 +210,9 @@ async fn a_replica_sends_a_turn_where_another_replica_sent_its_conversation() {
         assert!(start.elapsed() < Duration::from_secs(5), "b heard nothing");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let via_b = upstream_of(&post_prompt(&c, &b, &turn("b", 2), None).await);
+    let via_b = upstream_of(&post_prompt(&c, &b, &ward_turn("b", 2), None).await);
     assert_eq!(via_b, moved, "b did not follow the conversation a moved");
-    let via_apart = upstream_of(&post_prompt(&c, &apart, &turn("b", 2), None).await);
+    let via_apart = upstream_of(&post_prompt(&c, &apart, &ward_turn("b", 2), None).await);
     assert_eq!(
         via_apart, home,
         "a process not told sends it where its key goes"

@@ -89,7 +89,7 @@ impl ReplicaExchange {
     /// Records what a datagram from `from` tells, when `from` is a replica's address.
     fn heard(&self, datagram: &[u8], from: SocketAddr) {
         if !self.is_replica(from.ip()) {
-            metrics::REPLICA_PROMPTS
+            metrics::REPLICA_MESSAGES
                 .with_label_values(&["refused"])
                 .inc();
             return;
@@ -101,7 +101,9 @@ impl ReplicaExchange {
                 continue;
             };
             cluster.record().record_heard(&hashes, peer.serial());
-            metrics::REPLICA_PROMPTS.with_label_values(&["heard"]).inc();
+            metrics::REPLICA_MESSAGES
+                .with_label_values(&["heard"])
+                .inc();
         }
     }
 
@@ -164,7 +166,7 @@ fn send_loop(
                 // one's problem, and the next prompts try again.
                 let _ = socket.send_to(&datagram, addr);
             }
-            metrics::REPLICA_PROMPTS.with_label_values(&["sent"]).inc();
+            metrics::REPLICA_MESSAGES.with_label_values(&["sent"]).inc();
         }
     }
 }
