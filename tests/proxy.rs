@@ -196,15 +196,7 @@ async fn a_replica_sends_a_turn_where_another_replica_sent_its_conversation() {
     let _ = held.bytes().await.unwrap();
     a.wait_idle(Duration::from_secs(5)).await;
 
-    let heard = |m: String| {
-        m.lines()
-            .find_map(|l| {
-                l.strip_prefix(r#"prefixlb_replica_messages_total{event="heard"} "#)?
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or(0.0)
-    };
+    let heard = |m: String| sample(&m, r#"prefixlb_replica_messages_total{event="heard"}"#);
     let start = Instant::now();
     while heard(b.metrics().await) < 2.0 {
         assert!(start.elapsed() < Duration::from_secs(5), "b heard nothing");
@@ -225,7 +217,8 @@ async fn a_replica_sends_a_turn_where_another_replica_sent_its_conversation() {
     assert!(encode_entry(&mut stray, &ups[0].addr_str(), &[1, 2, 3]));
     let from = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
     from.send_to(&stray, b_listen).unwrap();
-    let refused = |m: String| m.contains(r#"prefixlb_replica_messages_total{event="refused"} 1"#);
+    let refused =
+        |m: String| sample(&m, r#"prefixlb_replica_messages_total{event="refused"}"#) == 1.0;
     let start = Instant::now();
     while !refused(b.metrics().await) {
         assert!(

@@ -537,19 +537,16 @@ async fn an_upgraded_process_hears_the_other_replicas() {
     took_over(dir.path(), "p1").await;
     drop(old);
     let heard = || async {
-        reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+        let metrics = reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
             .await
             .unwrap()
             .text()
             .await
-            .unwrap()
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(r#"prefixlb_replica_messages_total{event="heard"} "#)?
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or(0.0)
+            .unwrap();
+        sample(
+            &metrics,
+            r#"prefixlb_replica_messages_total{event="heard"}"#,
+        )
     };
     let c = client();
     let start = Instant::now();

@@ -65,14 +65,6 @@ pub async fn start_sims(n: usize, args: &[String]) -> (Sims, Vec<SocketAddr>) {
     )
 }
 
-/// The value of an unlabelled sample in Prometheus text.
-pub fn sample(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;

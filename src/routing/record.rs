@@ -287,7 +287,8 @@ impl PrefixRecord {
     }
 
     /// Notes that `peer` serves the prompt whose blocks are named `hashes` (shallowest
-    /// first), as another process told.
+    /// first), without telling the other processes: what one of them told this one (and the
+    /// recording half of [`PrefixRecord::record`]).
     pub fn record_heard(&self, hashes: &[u64], peer: u32) {
         // What is served after a forget counts from the tick after it, which the forget's
         // own tick does not reach (see `fresh`).

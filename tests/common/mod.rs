@@ -410,6 +410,15 @@ pub fn replicas_yaml(n: usize) -> Vec<String> {
         .collect()
 }
 
+/// The value of a sample in Prometheus text, named as written there (labels included); 0 when
+/// absent.
+pub fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Waits (at most 20 s) until something accepts connections on `addr`.
 pub async fn wait_listening(addr: SocketAddr, what: &str) {
     let start = Instant::now();
