@@ -68,6 +68,7 @@ mod prompt;
 pub mod queue;
 pub mod record;
 pub mod ring;
+pub mod tuning;
 
 pub use blocks::{Blocks, BLOCK_BYTES, MAX_BLOCKS};
 pub use cluster::Cluster;
@@ -89,3 +90,4 @@ pub use pool::{ModelId, PoolChoice};
 pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitQueue};
 pub use record::{Holdings, PrefixRecord, RecordStats};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};
+pub use tuning::Tuning;

@@ -1,0 +1,77 @@
+//! Every tuned figure of the cost model, in one value: what each means and where its value
+//! came from. The defaults are the figures the cluster bench chose; the configuration's
+//! `advanced:` section overrides any of them, so a benchmark can sweep them without a rebuild.
+//!
+//! Figures that an engine or a measurement fixes (the prefill rate, the running slots, the
+//! stream time) are not here: they are learned per peer or configured as operator decisions.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tuning {
+    /// The share of a prompt a peer is expected to hold when it served the key last (a
+    /// conversation resends its history: all but the newest turn). Origin: a conversation of
+    /// `n` turns holds `(n-1)/n` of itself; 0.9 is ten turns, read off the bench's chat shapes
+    /// (8bd91a0: chats 65.9% -> 69.7% hits).
+    pub warm_hit: f64,
+    /// The share a peer that served the key earlier, not last, is expected to hold: the shared
+    /// part and the turns up to then. Origin: half, chosen with `warm_hit` (8bd91a0).
+    pub earlier_hit: f64,
+    /// How much each other running stream slows a decode step. Origin: vLLM on one GPU, about
+    /// 2% per running sequence at small batches (vLLM's own benchmark figures).
+    pub decode_share: f64,
+    /// The requests to come that a prefill is expected to delay besides the running ones: a
+    /// prefill holds its GPU, and what arrives meanwhile waits it out. Origin: cluster bench
+    /// `long` (efb3357: p99 1166-987 ms against 1338-1586 ms with a tenth or none).
+    pub arrivals: f64,
+    /// The stream time assumed of a peer before it has finished a request. Origin: a short chat
+    /// answer (~100 tokens at ~200 tokens/s); replaced by the peer's own mean at its first stream.
+    pub default_decode: Duration,
+    /// How much cheaper than the primary another peer must be to take a request from it: less
+    /// is the noise of learned times and tiny prompts. Origin: the cluster bench (6001b53).
+    pub spill_margin: Duration,
+    /// The share of home's cost another peer must also undercut it by: a move trades decode
+    /// time and home's other streams for the mover's own first token. Origin: the cluster
+    /// bench's `chats` and `hot` shapes.
+    pub spill_share: f64,
+    /// The turns a new conversation is expected to send after this one, each paying again for
+    /// a placement away from its shared prefix. Origin: the bench's conversations (4 turns).
+    pub future_turns: f64,
+    /// What `least_cost` never bounds a peer below while its engine's running slots are unknown:
+    /// fewer than any real engine runs at once (vLLM and SGLang run hundreds). Origin: the
+    /// smallest batch any engine in the docs runs (llama.cpp's `-np 4`).
+    pub unknown_capacity_floor: u32,
+    /// The floor of a conversation's own home instead, while its engine's slots are unknown: a
+    /// turn sent on prefills its history again. Origin: the cluster bench (8 running slots).
+    pub conversation_floor: u32,
+    /// Characters of text per token when the prompt's tokens are estimated from its bytes.
+    /// Origin: OpenAI's rule of thumb for English text.
+    pub chars_per_token: u32,
+    /// How long a peer is believed to keep a block after it last served it. Origin: what a busy
+    /// GPU's cache keeps of a prefix that stopped coming, roughly; the engine evicts by recency
+    /// under memory pressure, which the balancer cannot see.
+    pub warm_for: Duration,
+}
+
+impl Tuning {
+    pub const DEFAULT: Tuning = Tuning {
+        warm_hit: 0.9,
+        earlier_hit: 0.5,
+        decode_share: 0.02,
+        arrivals: 0.25,
+        default_decode: Duration::from_millis(500),
+        spill_margin: Duration::from_millis(5),
+        spill_share: 0.25,
+        future_turns: 3.0,
+        unknown_capacity_floor: 4,
+        conversation_floor: 8,
+        chars_per_token: 4,
+        warm_for: Duration::from_secs(60),
+    };
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
