@@ -293,6 +293,7 @@ fn router(r: &schema::Routing, o: &schema::Outlier) -> Result<RouterSettings, Co
                 prefill_tokens_per_sec: rate,
                 candidates: r.candidates,
                 shared_prefix_placement: r.shared_prefix_placement,
+                ..CostModel::DEFAULT
             },
         },
         ring: RingConfig {

@@ -20,6 +20,8 @@
 
 use std::time::Duration;
 
+use super::tuning::Tuning;
+
 /// The share of a prompt its primary is expected to find cached when the record has not seen
 /// the conversation (another process may have sent it there), and that the peer that served a
 /// key-only prompt last is: all of it but the newest turn, for a conversation that resends its
@@ -60,6 +62,8 @@ pub struct CostModel {
     /// hash then no longer); otherwise its primary is priced as holding it, since another
     /// process may have sent it there, and new keys spread by hash.
     pub shared_prefix_placement: bool,
+    /// The cost model's tuned figures (the configuration's `advanced:` section).
+    pub tuning: Tuning,
 }
 
 impl CostModel {
@@ -67,6 +71,7 @@ impl CostModel {
         prefill_tokens_per_sec: DEFAULT_PREFILL_TOKENS_PER_SEC,
         candidates: DEFAULT_CANDIDATES,
         shared_prefix_placement: false,
+        tuning: Tuning::DEFAULT,
     };
 }
 
