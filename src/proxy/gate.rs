@@ -58,8 +58,11 @@ impl PrefixLb {
             .is_none()
         {
             let key = keys.key_without_body(&header.headers, client_ip(session));
-            let model = None;
-            return Ok(Prompt { key, model, bytes });
+            return Ok(Prompt {
+                key,
+                model: None,
+                bytes,
+            });
         }
         let limits = self.settings.peek;
         // The deadline covers the whole read: a client trickling a byte now and then is cut off

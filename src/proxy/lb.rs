@@ -14,6 +14,7 @@ use crate::routing::Peer;
 use crate::settings::ProxySettings;
 use crate::tenants::ClientAuth;
 
+/// The proxy Pingora runs: one for the process, read by every request.
 pub struct PrefixLb {
     pub(crate) router: Arc<Router>,
     pub(crate) settings: ProxySettings,

@@ -28,7 +28,7 @@ impl PrefixLb {
             .with_label_values(&[prompt.key.source.as_str()])
             .inc();
         if !bounded(session) {
-            return Ok(self.route_now(session, ctx)?);
+            return self.route_now(session, ctx).map_err(Stop::from);
         }
         self.wait_in_line(session, ctx).await
     }
