@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use crate::control::shared_load::SharedLoad;
+use crate::proxy::shared_load::SharedLoad;
 
 /// How long the process stays after its last request ended (or its listeners closed): a
 /// keep-alive client that got its last response just before has this long to send the next

@@ -12,7 +12,6 @@ pub mod models;
 pub mod probe;
 pub mod registry;
 pub mod replicas;
-pub mod shared_load;
 pub mod source;
 pub mod watch;
 

@@ -11,47 +11,47 @@ use crate::routing::{Demand, KeySource, Peer, Route, Routed, Slot};
 use crate::tenants::{Tenant, TenantSlot};
 
 pub struct RequestCtx {
-    pub(super) arrived: Instant,
+    pub(crate) arrived: Instant,
     /// When the current peer was chosen; the first-byte time counts from here.
-    pub(super) chosen: Option<Instant>,
-    pub(super) first_byte: Option<Duration>,
+    pub(crate) chosen: Option<Instant>,
+    pub(crate) first_byte: Option<Duration>,
     /// The status the upstream answered with, if it answered.
-    pub(super) upstream_status: Option<u16>,
+    pub(crate) upstream_status: Option<u16>,
     /// Where the key came from, once read; its point is the demand's.
-    pub(super) key_source: Option<KeySource>,
+    pub(crate) key_source: Option<KeySource>,
     /// The key's point, the prompt's size and blocks, as the choice of peer prices them. Boxed:
     /// the blocks are most of a context, and every connection's future keeps room for one.
-    pub(super) demand: Box<Demand>,
+    pub(crate) demand: Box<Demand>,
     /// Passed on to the engine, echoed to the client and logged.
-    pub(super) request_id: Option<String>,
+    pub(crate) request_id: Option<String>,
     /// The slot of the peer this attempt goes to. Dropping the context releases it.
-    pub(super) slot: Option<Slot>,
+    pub(crate) slot: Option<Slot>,
     /// The peer of a slot released early, for the log line.
-    pub(super) released: Option<Arc<Peer>>,
-    pub(super) route: Option<Route>,
+    pub(crate) released: Option<Arc<Peer>>,
+    pub(crate) route: Option<Route>,
     /// Peers whose connect failed for this request; a retry skips them.
-    pub(super) failed: Vec<Arc<Peer>>,
+    pub(crate) failed: Vec<Arc<Peer>>,
     /// Peeked bytes that Pingora will not replay: sent ahead of the first body chunk of every
     /// attempt.
-    pub(super) unreplayed: Option<Bytes>,
-    pub(super) unreplayed_due: bool,
+    pub(crate) unreplayed: Option<Bytes>,
+    pub(crate) unreplayed_due: bool,
     /// This request's share of the peek memory, held until the engine answers (no retry can
     /// follow then) or the request ends.
-    pub(super) peek_held: Option<super::peek::Held>,
+    pub(crate) peek_held: Option<super::peek::Held>,
     /// The client asked for 100 Continue and got it from here: the upstream must not be asked.
-    pub(super) continued: bool,
+    pub(crate) continued: bool,
     /// The client's tenant, when API keys are on: named in the log even when refused.
-    pub(super) client: Option<Arc<Tenant>>,
+    pub(crate) client: Option<Arc<Tenant>>,
     /// The tenant's hold on one of its concurrent requests, once admitted.
-    pub(super) tenant: Option<TenantSlot>,
+    pub(crate) tenant: Option<TenantSlot>,
     /// The error to answer with, when a hook failed on purpose.
-    pub(super) error: Option<ApiError>,
+    pub(crate) error: Option<ApiError>,
     /// Keeps a draining process alive until the request ends.
     _serving: Request,
 }
 
 impl RequestCtx {
-    pub(super) fn new(serving: Request) -> Self {
+    pub(crate) fn new(serving: Request) -> Self {
         Self {
             arrived: Instant::now(),
             chosen: None,
@@ -75,14 +75,14 @@ impl RequestCtx {
         }
     }
 
-    pub(super) fn take_slot(&mut self, routed: Routed) {
+    pub(crate) fn take_slot(&mut self, routed: Routed) {
         self.route = Some(routed.route);
         self.slot = Some(routed.slot);
         self.chosen = Some(Instant::now());
     }
 
     /// How the current peer was chosen, as the metrics and the access log name it.
-    pub(super) fn route_label(&self) -> Option<&'static str> {
+    pub(crate) fn route_label(&self) -> Option<&'static str> {
         if !self.failed.is_empty() {
             return Some("retry");
         }

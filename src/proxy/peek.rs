@@ -23,6 +23,7 @@ use http::header::{CONTENT_LENGTH, EXPECT};
 use http::HeaderMap;
 use pingora::proxy::Session;
 
+use super::client::client_ip;
 use super::error::ApiError;
 use crate::metrics;
 use crate::routing::{
@@ -120,7 +121,7 @@ pub async fn peek_key(
     want_model: bool,
 ) -> pingora::Result<Result<Peeked, ApiError>> {
     let declared = declared_length(&session.req_header().headers);
-    let client = super::client_ip(session);
+    let client = client_ip(session);
     if expects_continue(session) {
         // The body is read before any upstream could answer 100 Continue: answer it here.
         session
