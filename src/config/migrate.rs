@@ -82,7 +82,10 @@ pub fn migrate(doc: &mut Value) -> Result<Vec<Renamed>, ConfigError> {
         if get(doc, m.new).is_some() {
             return Err(ConfigError::new(
                 m.old,
-                format!("is the old name of {}, which is set too: keep only {}", m.new, m.new),
+                format!(
+                    "is the old name of {}, which is set too: keep only {}",
+                    m.new, m.new
+                ),
             ));
         }
         if m.scale != 1 {
@@ -117,13 +120,16 @@ pub fn name_old(mut e: ConfigError, renamed: &[Renamed]) -> ConfigError {
 }
 
 fn get<'a>(doc: &'a Value, path: &str) -> Option<&'a Value> {
-    path.split('.').try_fold(doc, |v, key| v.as_mapping()?.get(key))
+    path.split('.')
+        .try_fold(doc, |v, key| v.as_mapping()?.get(key))
 }
 
 /// Removes the value at `path`, and the sections that held only it. A section is never an
 /// old key's value: a mapping there is the new form of a key that became a section.
 fn take(doc: &mut Value, path: &str) -> Option<Value> {
-    let (key, rest) = path.split_once('.').map_or((path, None), |(k, r)| (k, Some(r)));
+    let (key, rest) = path
+        .split_once('.')
+        .map_or((path, None), |(k, r)| (k, Some(r)));
     let map = doc.as_mapping_mut()?;
     let taken = match rest {
         None if map.get(key)?.is_mapping() => return None,

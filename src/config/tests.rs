@@ -60,7 +60,10 @@ fn each_old_key_lands_where_its_new_name_does() {
         );
         assert!(none.is_empty(), "{}: {none:?}", m.new);
         let warning = renamed[0].to_string();
-        assert!(warning.starts_with(&format!("{} is now {}", m.old, m.new)), "{warning}");
+        assert!(
+            warning.starts_with(&format!("{} is now {}", m.old, m.new)),
+            "{warning}"
+        );
         let (old, new) = (format!("{old:?}"), format!("{new:?}"));
         assert_eq!(old, new, "{} and {}", m.old, m.new);
         assert_ne!(old, default, "{} changed nothing", m.old);
@@ -69,12 +72,14 @@ fn each_old_key_lands_where_its_new_name_does() {
 
 #[test]
 fn an_old_key_beside_its_new_name_is_refused_naming_both() {
-    let e = parse("routing: {peek_limit_bytes: 4096}\nproxy: {peek: {limit_bytes: 4096}}")
-        .unwrap_err();
+    let e =
+        parse("routing: {peek_limit_bytes: 4096}\nproxy: {peek: {limit_bytes: 4096}}").unwrap_err();
     assert_eq!(e.field, "routing.peek_limit_bytes");
     assert!(e.reason.contains("proxy.peek.limit_bytes"), "{e}");
-    let e = parse("access_log: plain\naccess_log_key: a\nmodels: {default: a}\nproxy: {default_model: b}")
-        .unwrap_err();
+    let e = parse(
+        "access_log: plain\naccess_log_key: a\nmodels: {default: a}\nproxy: {default_model: b}",
+    )
+    .unwrap_err();
     assert_eq!(e.field, "models.default", "{e}");
 }
 
@@ -103,7 +108,9 @@ fn sections_emptied_by_a_move_are_dropped_and_others_stay() {
 fn advanced_fills_the_cost_models_tuning() {
     let tuning = |yaml: &str| parse(yaml).unwrap().router.balance.cost.tuning;
     assert_eq!(tuning(""), Tuning::DEFAULT);
-    let t = tuning("advanced: {warm_hit: 0.8, spill_margin_ms: 0, conversation_floor: 16, warm_for_ms: 1000}");
+    let t = tuning(
+        "advanced: {warm_hit: 0.8, spill_margin_ms: 0, conversation_floor: 16, warm_for_ms: 1000}",
+    );
     assert_eq!(
         t,
         Tuning {
@@ -150,7 +157,14 @@ fn values_are_checked_before_any_name_is_resolved() {
 fn accepted(yaml: &str) -> Option<Vec<String>> {
     let e = from_yaml::<schema::File>(yaml).unwrap_err();
     let (_, expected) = e.reason.split_once("unknown field `__probe__`, expected")?;
-    Some(expected.split('`').skip(1).step_by(2).map(str::to_owned).collect())
+    Some(
+        expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect(),
+    )
 }
 
 /// Every key of the schema, as `section.key` (`peers[].addr` for a list's items): derived from
@@ -183,8 +197,26 @@ fn the_reference_describes_every_key() {
         .iter()
         .filter(|k| !reference.contains(&format!("`{k}`")))
         .collect();
-    assert!(missing.is_empty(), "docs/configuration.md lacks {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/configuration.md lacks {missing:?}"
+    );
     for m in MOVES {
-        assert!(reference.contains(&format!("`{}`", m.old)), "{}", m.old);
+        let row = format!("| `{}`", m.old);
+        assert!(
+            reference
+                .lines()
+                .any(|l| l.starts_with(&row) && l.contains(&format!("`{}`", m.new))),
+            "docs/configuration.md lacks the row {} -> {}",
+            m.old,
+            m.new
+        );
     }
+}
+
+#[test]
+fn the_sample_configuration_uses_current_keys() {
+    let sample = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/prefixlb.yaml");
+    let (_, renamed) = super::load(&sample).unwrap();
+    assert!(renamed.is_empty(), "{renamed:?}");
 }

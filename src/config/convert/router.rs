@@ -145,7 +145,11 @@ fn keys(k: &Key, endpoints: &Endpoints) -> Result<KeyConfig, ConfigError> {
             "completions_path",
             &endpoints.completions_path,
         )?,
-        generate_path: on(KeySource::Generate, "generate_path", &endpoints.generate_path)?,
+        generate_path: on(
+            KeySource::Generate,
+            "generate_path",
+            &endpoints.generate_path,
+        )?,
         prefix_chars: k.prefix_chars,
         fallback: k.fallback,
     })
