@@ -10,8 +10,6 @@ mod convert;
 mod error;
 pub mod migrate;
 pub mod schema;
-#[cfg(test)]
-mod tests;
 
 use std::path::Path;
 
@@ -82,3 +80,6 @@ pub fn parse_renamed(text: &str) -> Result<(Settings, Vec<Renamed>), ConfigError
 pub fn parse_peers_file(text: &str) -> Result<Vec<PeerSpec>, ConfigError> {
     convert::peers(&from_yaml::<schema::peers::PeersFile>(text)?.peers)
 }
+
+#[cfg(test)]
+mod tests;
