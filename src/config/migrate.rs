@@ -54,15 +54,7 @@ pub const MOVES: &[Move] = &[
     moved("access_log_key", "access_log.hash_secret"),
 ];
 
-/// An old key found in a file, and moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Renamed {
-    pub old: &'static str,
-    pub new: &'static str,
-    pub scale: u64,
-}
-
-impl fmt::Display for Renamed {
+impl fmt::Display for Move {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} is now {}", self.old, self.new)?;
         if self.scale != 1 {
@@ -72,8 +64,8 @@ impl fmt::Display for Renamed {
     }
 }
 
-/// Moves every old key of `doc` to its new place.
-pub fn migrate(doc: &mut Value) -> Result<Vec<Renamed>, ConfigError> {
+/// Moves every old key of `doc` to its new place; returns the moves made.
+pub fn migrate(doc: &mut Value) -> Result<Vec<&'static Move>, ConfigError> {
     let mut renamed = Vec::new();
     for m in MOVES {
         let Some(mut value) = take(doc, m.old) else {
@@ -97,17 +89,13 @@ pub fn migrate(doc: &mut Value) -> Result<Vec<Renamed>, ConfigError> {
             }
         }
         put(doc, m.new, value)?;
-        renamed.push(Renamed {
-            old: m.old,
-            new: m.new,
-            scale: m.scale,
-        });
+        renamed.push(m);
     }
     Ok(renamed)
 }
 
 /// An error about a key the file wrote under its old name says that name too.
-pub fn name_old(mut e: ConfigError, renamed: &[Renamed]) -> ConfigError {
+pub fn name_old(mut e: ConfigError, renamed: &[&Move]) -> ConfigError {
     let under = |field: &str, path: &str| {
         field
             .strip_prefix(path)

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde::Deserializer;
 
-use self::migrate::Renamed;
+use self::migrate::Move;
 use crate::routing::PeerSpec;
 use crate::settings::Settings;
 pub use error::ConfigError;
@@ -50,7 +50,7 @@ fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigErro
 }
 
 /// Reads and checks prefixlb's file; also says which of its keys have moved.
-pub fn load(path: &Path) -> Result<(Settings, Vec<Renamed>), ConfigError> {
+pub fn load(path: &Path) -> Result<(Settings, Vec<&'static Move>), ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
     parse_renamed(&text)
@@ -62,7 +62,7 @@ pub fn parse(text: &str) -> Result<Settings, ConfigError> {
 }
 
 /// [`parse`], and the keys of the file that are now called otherwise.
-pub fn parse_renamed(text: &str) -> Result<(Settings, Vec<Renamed>), ConfigError> {
+pub fn parse_renamed(text: &str) -> Result<(Settings, Vec<&'static Move>), ConfigError> {
     let mut doc: serde_yaml::Value = from_yaml(text)?;
     let renamed = migrate::migrate(&mut doc)?;
     // A file of current keys is read from its text, so that errors keep their line.
