@@ -84,7 +84,10 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     let activity = Arc::new(Activity::default());
     let lb_conf = cli.lb_conf.clone();
     let in_file = |e: &dyn std::fmt::Display| format!("{}: {e}", lb_conf.display());
-    let settings = crate::config::load(&lb_conf).map_err(|e| in_file(&e))?;
+    let (settings, renamed) = crate::config::load(&lb_conf).map_err(|e| in_file(&e))?;
+    for r in renamed {
+        log::warn!("{}: {r}", lb_conf.display());
+    }
     let threads_given = match &cli.server.conf {
         Some(conf) => {
             ServerConf::load_from_yaml(conf).map_err(|e| format!("{conf}: {e}"))?;

@@ -1,22 +1,32 @@
 //! prefixlb's own configuration: one YAML file in, [`Settings`] out. Pingora's server settings
 //! stay in Pingora's file (`-c`).
 //!
-//! `schema` is the file as users write it, `convert` checks it and turns it into settings.
-//! Every error names the field and the reason: unknown keys, wrong types and bad values alike.
+//! `migrate` moves the keys of older files to their places, `schema` is the file as users
+//! write it, `convert` checks it and turns it into settings. Every error names the field and
+//! the reason: unknown keys, wrong types and bad values alike. `docs/configuration.md` is the
+//! reference.
 
 mod convert;
 mod error;
+pub mod migrate;
 pub mod schema;
 
 use std::path::Path;
 
+use serde::Deserializer;
+
+use self::migrate::Move;
 use crate::routing::PeerSpec;
 use crate::settings::Settings;
 pub use error::ConfigError;
 
-/// Parses YAML into `T`, naming the field of any error.
-fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
-    let de = serde_yaml::Deserializer::from_str(text);
+/// Reads `T` from YAML, naming the field of any error.
+fn read<'de, T, D>(de: D) -> Result<T, ConfigError>
+where
+    T: serde::Deserialize<'de>,
+    D: Deserializer<'de>,
+    D::Error: std::fmt::Display,
+{
     serde_path_to_error::deserialize(de).map_err(|e| {
         let field = match e.path().to_string() {
             root if root == "." => String::new(),
@@ -35,19 +45,41 @@ fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigErro
     })
 }
 
-/// Reads and checks prefixlb's file.
-pub fn load(path: &Path) -> Result<Settings, ConfigError> {
+fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
+    read(serde_yaml::Deserializer::from_str(text))
+}
+
+/// Reads and checks prefixlb's file; also says which of its keys have moved.
+pub fn load(path: &Path) -> Result<(Settings, Vec<&'static Move>), ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
-    parse(&text)
+    parse_renamed(&text)
 }
 
 /// Checks prefixlb's file, given as text.
 pub fn parse(text: &str) -> Result<Settings, ConfigError> {
-    from_yaml::<schema::File>(text)?.into_settings()
+    parse_renamed(text).map(|(settings, _)| settings)
+}
+
+/// [`parse`], and the keys of the file that are now called otherwise.
+pub fn parse_renamed(text: &str) -> Result<(Settings, Vec<&'static Move>), ConfigError> {
+    let mut doc: serde_yaml::Value = from_yaml(text)?;
+    let renamed = migrate::migrate(&mut doc)?;
+    // A file of current keys is read from its text, so that errors keep their line.
+    let file = match renamed.is_empty() {
+        true => from_yaml::<schema::File>(text),
+        false => read(doc),
+    };
+    let settings = file
+        .and_then(schema::File::into_settings)
+        .map_err(|e| migrate::name_old(e, &renamed))?;
+    Ok((settings, renamed))
 }
 
 /// The peers of a peers file: `peers: [...]`, in the same form as the main file's.
 pub fn parse_peers_file(text: &str) -> Result<Vec<PeerSpec>, ConfigError> {
-    convert::peers(&from_yaml::<schema::PeersFile>(text)?.peers)
+    convert::peers(&from_yaml::<schema::peers::PeersFile>(text)?.peers)
 }
+
+#[cfg(test)]
+mod tests;

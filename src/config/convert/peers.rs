@@ -1,0 +1,115 @@
+//! The peers and where they come from, checked without looking anything up: a peer's name is
+//! resolved afterwards, in `resolve`.
+
+use super::values::{at_least_one, ceiling, millis, weight};
+use crate::config::error::ConfigError;
+use crate::config::schema::peers::{self as schema, DnsRecord};
+use crate::routing::Weight;
+use crate::settings::{Discovery, Dns, DnsQuery, Registry};
+
+/// A peer whose values are checked and whose address is still as written.
+#[derive(Debug)]
+pub struct NamedPeer {
+    /// `ip:port` or `host:port`.
+    pub addr: String,
+    pub weight: Weight,
+    pub max_in_flight: u32,
+    pub tls: Option<String>,
+    pub models: Option<Vec<String>>,
+}
+
+/// `host` of `host:port` (an IPv6 address without its brackets).
+fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+pub fn peers(peers: &[schema::Peer]) -> Result<Vec<NamedPeer>, ConfigError> {
+    peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let field = |name: &str| format!("peers[{i}].{name}");
+            if p.sni.is_some() && !p.tls {
+                return Err(ConfigError::new(
+                    field("sni"),
+                    "is for peers with tls: true",
+                ));
+            }
+            Ok(NamedPeer {
+                addr: p.addr.clone(),
+                weight: weight(&field("weight"), p.weight)?,
+                max_in_flight: ceiling(&field("max_in_flight"), p.max_in_flight)?,
+                tls: p
+                    .tls
+                    .then(|| p.sni.clone().unwrap_or_else(|| host_of(&p.addr).to_owned())),
+                models: p.models.clone(),
+            })
+        })
+        .collect()
+}
+
+pub fn discovery(d: schema::DiscoveryFile, has_peers: bool) -> Result<Discovery, ConfigError> {
+    let sources = [d.peers_file.is_some(), d.dns.is_some(), d.redis.is_some()];
+    if sources.iter().any(|&s| s) && has_peers {
+        return Err(ConfigError::new(
+            "peers",
+            "must be empty when discovery.peers_file, dns or redis gives the peers",
+        ));
+    }
+    if sources.iter().filter(|&&s| s).count() > 1 {
+        return Err(ConfigError::new(
+            "discovery",
+            "peers_file, dns and redis are separate sources: choose one",
+        ));
+    }
+    let interval = millis("discovery.reload_interval_ms", d.reload_interval_ms)?;
+    if let Some(redis) = d.redis {
+        return Ok(Discovery::Redis(Registry {
+            url: redis.url,
+            prefix: redis.prefix,
+            interval: millis("discovery.redis.interval_ms", redis.interval_ms)?,
+        }));
+    }
+    Ok(match (d.peers_file, d.dns) {
+        // Both at once were refused above.
+        (Some(path), _) => Discovery::PeersFile { path, interval },
+        (None, Some(dns)) => Discovery::Dns(self::dns(dns)?),
+        (None, None) => Discovery::ConfigFile { interval },
+    })
+}
+
+fn dns(dns: schema::DnsFile) -> Result<Dns, ConfigError> {
+    Ok(Dns {
+        query: match (dns.record, dns.port) {
+            (DnsRecord::A, Some(port)) => DnsQuery::A { port },
+            (DnsRecord::A, None) => {
+                return Err(ConfigError::new(
+                    "discovery.dns.port",
+                    "is needed with A/AAAA records (SRV records carry their own)",
+                ))
+            }
+            (DnsRecord::Srv, _) => DnsQuery::Srv,
+        },
+        interval: millis("discovery.dns.interval_ms", dns.interval_ms)?,
+        weight: weight("discovery.dns.weight", dns.weight)?,
+        max_in_flight: ceiling("discovery.dns.max_in_flight", dns.max_in_flight)?,
+        tls: match (dns.tls, dns.sni) {
+            (true, sni) => Some(sni.unwrap_or_else(|| dns.name.clone())),
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(ConfigError::new(
+                    "discovery.dns.sni",
+                    "is for peers with tls: true",
+                ))
+            }
+        },
+        failures_before_removal: {
+            let n = dns.failures_before_removal;
+            at_least_one("discovery.dns.failures_before_removal", n.into())?;
+            n
+        },
+        nameserver: dns.nameserver,
+        name: dns.name,
+    })
+}
