@@ -1,4 +1,4 @@
-//! The control plane: follows the peer list (file or DNS) and the peers' health, and swaps a
+//! The control plane: follows the peer list (a [`discovery`] source) and the peers' health, and swaps a
 //! new cluster in when either changes. It runs as a Pingora background service, off the
 //! request path.
 //!
@@ -7,13 +7,13 @@
 //! a registry keyed by address alone, so that a peer keeps its health across weight changes and
 //! reloads.
 
+pub mod discovery;
 pub mod engine;
 pub mod models;
 pub mod probe;
 pub mod registry;
 pub mod replicas;
 pub mod shared_load;
-pub mod source;
 pub mod watch;
 
 use std::collections::hash_map::DefaultHasher;
@@ -33,8 +33,8 @@ use crate::config::ConfigError;
 use crate::metrics;
 use crate::router::Router;
 use crate::settings::{HealthCheck, UpstreamTls};
+use discovery::source::PeerSource;
 use probe::{HealthProbe, Probe};
-use source::PeerSource;
 
 /// Runs `round` every `interval` (the first at once), off the request path, until shutdown; a
 /// round that overruns delays the next rather than piling up.
@@ -55,7 +55,7 @@ where
 
 pub struct ControlPlane {
     router: Arc<Router>,
-    source: Mutex<PeerSource>,
+    source: Mutex<Box<dyn PeerSource>>,
     allow_empty: bool,
     health: Option<(Arc<HealthRegistry>, Duration)>,
     backends: Backends,
@@ -81,7 +81,7 @@ fn address_key(backend: &Backend) -> u64 {
 impl ControlPlane {
     pub fn new(
         router: Arc<Router>,
-        source: PeerSource,
+        source: Box<dyn PeerSource>,
         allow_empty: bool,
         health: Option<&HealthCheck>,
         tls: &UpstreamTls,
@@ -116,7 +116,7 @@ impl ControlPlane {
     /// list leaves the current one in place. Returns whether the peers changed.
     pub async fn reload(&self, force: bool) -> Result<bool, ConfigError> {
         let mut source = self.source.lock().await;
-        let loaded = source.load(force).await.inspect_err(|_| {
+        let loaded = source.peers(force).await.inspect_err(|_| {
             metrics::RELOADS.with_label_values(&["error"]).inc();
         })?;
         let Some(specs) = loaded else {
