@@ -1,6 +1,6 @@
-//! The control plane: follows the peer list (a [`discovery`] source) and the peers' health, and swaps a
-//! new cluster in when either changes. It runs as a Pingora background service, off the
-//! request path.
+//! The control plane: follows the peer list (from a [`discovery`] source) and the peers'
+//! health, and swaps a new cluster in when either changes. It runs as a Pingora background
+//! service, off the request path.
 //!
 //! Health checks run through pingora-load-balancing: a `Backends` view over the current cluster
 //! members with a [`probe::HealthProbe`] (each peer over its own transport, plain or TLS), in
