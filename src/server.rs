@@ -13,17 +13,16 @@ use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
 use crate::admin::Admin;
+use crate::control::discovery::source::{AtStart, PeerSource};
 use crate::control::engine::EngineFeedback;
 use crate::control::models::ModelLists;
 use crate::control::replicas::ReplicaExchange;
-use crate::control::source::PeerSource;
 use crate::control::watch::{CertFiles, FileWatch, KeysFile, SettledFile, Watched};
 use crate::control::ControlPlane;
 use crate::lifecycle::{self, Activity, Signals};
 use crate::proxy::shared_load::{Publisher, SharedLoad};
 use crate::proxy::PrefixLb;
 use crate::router::Router;
-use crate::settings::Discovery;
 use crate::tenants::{ClientAuth, Tenants};
 use crate::tls::CertStore;
 
@@ -49,12 +48,12 @@ struct Cli {
 
 /// Reads the peer source once, before serving, on a runtime of its own: the control plane's
 /// runtime does not exist yet.
-fn initial_peers(source: &mut PeerSource) -> Result<Vec<crate::routing::PeerSpec>, String> {
+fn initial_peers(source: &mut dyn PeerSource) -> Result<Vec<crate::routing::PeerSpec>, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let loaded = runtime.block_on(source.load(true));
+    let loaded = runtime.block_on(source.peers(true));
     loaded
         .map(Option::unwrap_or_default)
         .map_err(|e| format!("{}: {e}", source.label()))
@@ -96,11 +95,13 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         None => false,
     };
     let router = Arc::new(Router::new(settings.router.clone(), &settings.peers));
-    let mut source = PeerSource::new(&settings.discovery, &lb_conf).map_err(|e| in_file(&e))?;
+    let mut source =
+        crate::control::discovery::build(&settings.discovery, &lb_conf).map_err(|e| in_file(&e))?;
     // Peers from a peers file or DNS are there before the first request, not at the control
     // plane's first tick: after an upgrade, the new process serves at once.
-    if !matches!(settings.discovery, Discovery::ConfigFile { .. }) {
-        let initial = initial_peers(&mut source);
+    let at_start = source.at_start();
+    if at_start != AtStart::Loaded {
+        let initial = initial_peers(source.as_mut());
         // Connections made on that runtime die with it.
         source.disconnect();
         match initial {
@@ -109,10 +110,7 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
             }
             // A name service or registry that is down now may be back in a moment; `-t` still
             // says it is not reachable.
-            Err(e)
-                if matches!(settings.discovery, Discovery::Dns(_) | Discovery::Redis(_))
-                    && !cli.server.test =>
-            {
+            Err(e) if at_start == AtStart::Tried && !cli.server.test => {
                 log::warn!(
                     "no peers from {} yet, starting without: {e}",
                     source.label()

@@ -1,18 +1,18 @@
-//! The control plane: follows the peer list (file or DNS) and the peers' health, and swaps a
-//! new cluster in when either changes. It runs as a Pingora background service, off the
-//! request path.
+//! The control plane: follows the peer list (from a [`discovery`] source) and the peers'
+//! health, and swaps a new cluster in when either changes. It runs as a Pingora background
+//! service, off the request path.
 //!
 //! Health checks run through pingora-load-balancing: a `Backends` view over the current cluster
 //! members with a [`probe::HealthProbe`] (each peer over its own transport, plain or TLS), in
 //! a registry keyed by address alone, so that a peer keeps its health across weight changes and
 //! reloads.
 
+pub mod discovery;
 pub mod engine;
 pub mod models;
 pub mod probe;
 pub mod registry;
 pub mod replicas;
-pub mod source;
 pub mod watch;
 
 use std::collections::hash_map::DefaultHasher;
@@ -32,8 +32,8 @@ use crate::config::ConfigError;
 use crate::metrics;
 use crate::router::Router;
 use crate::settings::{HealthCheck, UpstreamTls};
+use discovery::source::PeerSource;
 use probe::{HealthProbe, Probe};
-use source::PeerSource;
 
 /// Runs `round` every `interval` (the first at once), off the request path, until shutdown; a
 /// round that overruns delays the next rather than piling up.
@@ -54,7 +54,7 @@ where
 
 pub struct ControlPlane {
     router: Arc<Router>,
-    source: Mutex<PeerSource>,
+    source: Mutex<Box<dyn PeerSource>>,
     allow_empty: bool,
     health: Option<(Arc<HealthRegistry>, Duration)>,
     backends: Backends,
@@ -80,7 +80,7 @@ fn address_key(backend: &Backend) -> u64 {
 impl ControlPlane {
     pub fn new(
         router: Arc<Router>,
-        source: PeerSource,
+        source: Box<dyn PeerSource>,
         allow_empty: bool,
         health: Option<&HealthCheck>,
         tls: &UpstreamTls,
@@ -115,7 +115,7 @@ impl ControlPlane {
     /// list leaves the current one in place. Returns whether the peers changed.
     pub async fn reload(&self, force: bool) -> Result<bool, ConfigError> {
         let mut source = self.source.lock().await;
-        let loaded = source.load(force).await.inspect_err(|_| {
+        let loaded = source.peers(force).await.inspect_err(|_| {
             metrics::RELOADS.with_label_values(&["error"]).inc();
         })?;
         let Some(specs) = loaded else {

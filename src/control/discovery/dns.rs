@@ -1,34 +1,20 @@
-//! Where the peer list comes from, and reading it again.
+//! Peers from DNS: A/AAAA records of one name with a port, or SRV records (target, port and
+//! weight from each record), asked again every interval.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::path::Path;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::rr::RData;
 use hickory_resolver::TokioResolver;
 
-use super::registry::RegistrySource;
-use super::watch::SettledFile;
-use crate::config::{self, ConfigError};
+use super::source::{AtStart, PeerSource};
+use crate::config::ConfigError;
 use crate::routing::{PeerSpec, Weight};
-use crate::settings::{Discovery, Dns, DnsQuery};
-
-pub enum PeerSource {
-    /// The `peers` section of prefixlb's own file.
-    ConfigFile(FileSource),
-    /// A file of its own.
-    PeersFile(FileSource),
-    Dns(DnsSource),
-    Redis(Box<RegistrySource>),
-}
-
-pub struct FileSource {
-    file: SettledFile,
-    interval: Duration,
-}
+use crate::settings::{Dns, DnsQuery};
 
 pub struct DnsSource {
     settings: Dns,
@@ -36,89 +22,17 @@ pub struct DnsSource {
     targets: HashMap<String, (Vec<IpAddr>, u32)>,
 }
 
-impl PeerSource {
-    pub fn new(discovery: &Discovery, config_path: &Path) -> Result<Self, ConfigError> {
-        let file = |path: &Path, interval: Duration| FileSource {
-            file: SettledFile::new(path.to_owned()),
-            interval,
-        };
-        Ok(match discovery {
-            Discovery::Dns(dns) => {
-                let source = DnsSource {
-                    settings: dns.clone(),
-                    targets: HashMap::new(),
-                };
-                // A resolver that cannot be built is a configuration error: say so at start.
-                source.resolver()?;
-                PeerSource::Dns(source)
-            }
-            Discovery::Redis(registry) => {
-                PeerSource::Redis(Box::new(RegistrySource::new(registry)?))
-            }
-            // Relative to where prefixlb started, not to / where a daemon runs.
-            Discovery::PeersFile { path, interval } => PeerSource::PeersFile(file(
-                &std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()),
-                *interval,
-            )),
-            // Parsed again at the first tick: an edit made since start-up is not lost.
-            Discovery::ConfigFile { interval } => {
-                PeerSource::ConfigFile(file(config_path, *interval))
-            }
-        })
-    }
-
-    pub fn label(&self) -> String {
-        match self {
-            PeerSource::ConfigFile(f) | PeerSource::PeersFile(f) => {
-                f.file.path().display().to_string()
-            }
-            PeerSource::Dns(d) => format!("dns {}", d.settings.name),
-            PeerSource::Redis(r) => r.label(),
-        }
-    }
-
-    pub fn interval(&self) -> Duration {
-        match self {
-            PeerSource::ConfigFile(f) | PeerSource::PeersFile(f) => f.interval,
-            PeerSource::Dns(d) => d.settings.interval,
-            PeerSource::Redis(r) => r.interval(),
-        }
-    }
-
-    /// Drops the connections the source keeps: they belong to the runtime they were made on.
-    pub fn disconnect(&mut self) {
-        if let PeerSource::Redis(r) = self {
-            r.disconnect();
-        }
-    }
-
-    /// The peers the source lists now; `Ok(None)` when a file is unchanged since the last read
-    /// and `force` is off.
-    pub async fn load(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError> {
-        let (text, whole_config) = match self {
-            PeerSource::Dns(d) => return d.resolve().await.map(Some),
-            PeerSource::Redis(r) => return r.read().await.map(Some),
-            PeerSource::ConfigFile(f) => (f.file.changed(force).await?, true),
-            PeerSource::PeersFile(f) => (f.file.changed(force).await?, false),
-        };
-        let Some(text) = text else {
-            return Ok(None);
-        };
-        // Peer hostnames resolve through the system's blocking resolver: off the runtime.
-        let parsed = tokio::task::spawn_blocking(move || {
-            if whole_config {
-                config::parse(&text).map(|s| s.peers)
-            } else {
-                config::parse_peers_file(&text)
-            }
-        })
-        .await
-        .map_err(|e| ConfigError::new("", format!("reading the peers failed: {e}")))?;
-        parsed.map(Some)
-    }
-}
-
 impl DnsSource {
+    pub fn new(settings: &Dns) -> Result<Self, ConfigError> {
+        let source = Self {
+            settings: settings.clone(),
+            targets: HashMap::new(),
+        };
+        // A resolver that cannot be built is a configuration error: say so at start.
+        source.resolver()?;
+        Ok(source)
+    }
+
     /// A resolver for one round of lookups. Its sockets belong to the runtime it is built on,
     /// and the first load runs on another runtime than the control plane: a resolver per round
     /// keeps each on its own.
@@ -208,5 +122,24 @@ impl DnsSource {
             }
         }
         Ok(specs)
+    }
+}
+
+#[async_trait]
+impl PeerSource for DnsSource {
+    fn label(&self) -> String {
+        format!("dns {}", self.settings.name)
+    }
+
+    fn interval(&self) -> Duration {
+        self.settings.interval
+    }
+
+    fn at_start(&self) -> AtStart {
+        AtStart::Tried
+    }
+
+    async fn peers(&mut self, _force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError> {
+        self.resolve().await.map(Some)
     }
 }

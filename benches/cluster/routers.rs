@@ -1,0 +1,199 @@
+//! The routers compared, and how each is set up in front of the GPUs.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use crate::common::peers::{start_haproxy, start_sglang_router, start_vllm_router};
+use crate::common::*;
+use crate::setup::{MAX_IN_FLIGHT, PREFILL_TOKENS_PER_SEC, REPLICAS};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Router {
+    Prefixlb {
+        policy: &'static str,
+        replicas: usize,
+        header: bool,
+        /// `routing.shared_prefix_placement`.
+        placement: bool,
+        /// Whether the replicas tell each other where prompts went (`replicas:`).
+        exchange: bool,
+    },
+    Vllm(&'static str),
+    Sglang(&'static str),
+    Haproxy(&'static str),
+}
+
+pub const ROUTERS: [Router; 11] = [
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: 1,
+        header: false,
+        placement: false,
+        exchange: false,
+    },
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: 1,
+        header: false,
+        placement: true,
+        exchange: false,
+    },
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: 1,
+        header: true,
+        placement: false,
+        exchange: false,
+    },
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: REPLICAS,
+        header: false,
+        placement: false,
+        exchange: true,
+    },
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: REPLICAS,
+        header: false,
+        placement: false,
+        exchange: false,
+    },
+    Router::Prefixlb {
+        policy: "bounded_consistent_hash",
+        replicas: 1,
+        header: false,
+        placement: false,
+        exchange: false,
+    },
+    Router::Vllm("sticky_least_loaded"),
+    Router::Vllm("consistent_hash"),
+    Router::Sglang("cache_aware"),
+    Router::Haproxy("roundrobin"),
+    Router::Haproxy("leastconn"),
+];
+
+impl Router {
+    pub fn name(self) -> String {
+        match self {
+            Router::Prefixlb {
+                policy,
+                replicas,
+                header,
+                placement,
+                exchange,
+            } => {
+                let key = if header { ", session header" } else { "" };
+                let key = if placement {
+                    format!("{key}, shared-prefix placement")
+                } else {
+                    key.to_owned()
+                };
+                let n = match (replicas, exchange) {
+                    (1, _) => String::new(),
+                    (n, true) => format!(" ×{n}"),
+                    (n, false) => format!(" ×{n} apart"),
+                };
+                format!("prefixlb {policy}{n}{key}")
+            }
+            Router::Vllm(p) => format!("vllm-router {p}, session header"),
+            Router::Sglang(p) => format!("sglang-router {p}"),
+            Router::Haproxy(b) => format!("haproxy {b}"),
+        }
+    }
+
+    pub fn is_peer(self) -> bool {
+        !matches!(self, Router::Prefixlb { .. })
+    }
+
+    pub fn sends_header(self) -> bool {
+        match self {
+            Router::Prefixlb { header, .. } => header,
+            // Its sticky policies key on the header; without one, chat requests all hash alike.
+            Router::Vllm(_) => true,
+            Router::Sglang(_) | Router::Haproxy(_) => false,
+        }
+    }
+
+    /// Starts the router in front of `gpus`: where clients send, and what keeps it running.
+    pub async fn start(self, gpus: &[SocketAddr]) -> Result<(Vec<SocketAddr>, Running), String> {
+        match self {
+            Router::Prefixlb {
+                policy,
+                replicas,
+                placement,
+                exchange,
+                ..
+            } => {
+                let config = format!(
+                    "{}routing: {{policy: {policy}, prefill_tokens_per_second: {PREFILL_TOKENS_PER_SEC}, shared_prefix_placement: {placement}}}\nhealth_check: {{enabled: false}}\nengine_metrics: {{enabled: true}}\n",
+                    peers_yaml_at(gpus.iter().copied(), Some(MAX_IN_FLIGHT))
+                );
+                let told = if exchange {
+                    replicas_yaml(replicas)
+                } else {
+                    vec![String::new(); replicas]
+                };
+                let mut proxies = Vec::new();
+                for told in told {
+                    // The access log stays on, as by default: its cost is part of what is
+                    // measured.
+                    proxies.push(start_proxy(&format!("{config}{told}")).await);
+                }
+                let addrs = proxies.iter().map(|p| p.addr).collect();
+                Ok((addrs, Running::Prefixlb(proxies)))
+            }
+            Router::Vllm(policy) => {
+                let (addr, child) = start_vllm_router(gpus, policy).await?;
+                Ok((vec![addr], Running::Other(child)))
+            }
+            Router::Sglang(policy) => {
+                let (addr, child) = start_sglang_router(gpus, policy).await?;
+                Ok((vec![addr], Running::Other(child)))
+            }
+            Router::Haproxy(balance) => {
+                let (addr, child) = start_haproxy(gpus, balance, false, 4096, "").await?;
+                Ok((vec![addr], Running::Other(child)))
+            }
+        }
+    }
+}
+
+pub enum Running {
+    Prefixlb(Vec<Proxy>),
+    /// Held only to be stopped when dropped.
+    Other(#[allow(dead_code)] crate::common::peers::Killed),
+}
+
+impl Running {
+    pub fn access_log(&self) -> String {
+        match self {
+            Running::Prefixlb(proxies) => proxies.iter().map(Proxy::access_log).collect(),
+            Running::Other(_) => String::new(),
+        }
+    }
+
+    /// How prefixlb chose its peers, summed over its processes: requests per route.
+    pub async fn routes(&self) -> BTreeMap<String, f64> {
+        let mut routes = BTreeMap::new();
+        let Running::Prefixlb(proxies) = self else {
+            return routes;
+        };
+        for p in proxies {
+            for line in p.metrics().await.lines() {
+                let Some(rest) = line.strip_prefix("prefixlb_peer_requests_total{") else {
+                    continue;
+                };
+                let route = rest
+                    .split("route=\"")
+                    .nth(1)
+                    .and_then(|r| r.split('"').next());
+                let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+                if let (Some(route), Some(value)) = (route, value) {
+                    *routes.entry(route.to_owned()).or_default() += value;
+                }
+            }
+        }
+        routes
+    }
+}

@@ -1,0 +1,81 @@
+//! Peers listed in a file: a peers file of its own, or the `peers` section of prefixlb's own
+//! configuration file. A file is taken only once a writer is done with it
+//! ([`SettledFile`]), and parsed only when it changed.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::source::{AtStart, PeerSource};
+use crate::config::{self, ConfigError};
+use crate::control::watch::SettledFile;
+use crate::routing::PeerSpec;
+
+pub struct FileSource {
+    file: SettledFile,
+    interval: Duration,
+    /// The file is prefixlb's whole configuration, not a list of peers alone.
+    whole_config: bool,
+}
+
+impl FileSource {
+    /// A peers file of its own.
+    pub fn peers_file(path: &Path, interval: Duration) -> Self {
+        // Relative to where prefixlb started, not to / where a daemon runs.
+        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        Self {
+            file: SettledFile::new(path),
+            interval,
+            whole_config: false,
+        }
+    }
+
+    /// The `peers` section of prefixlb's own file.
+    pub fn config_file(path: &Path, interval: Duration) -> Self {
+        Self {
+            file: SettledFile::new(path.to_owned()),
+            interval,
+            whole_config: true,
+        }
+    }
+}
+
+#[async_trait]
+impl PeerSource for FileSource {
+    fn label(&self) -> String {
+        self.file.path().display().to_string()
+    }
+
+    fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    fn at_start(&self) -> AtStart {
+        // The configuration's own peers were read with it; they are parsed again at the first
+        // tick, so that an edit made since start-up is not lost.
+        if self.whole_config {
+            AtStart::Loaded
+        } else {
+            AtStart::Required
+        }
+    }
+
+    async fn peers(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError> {
+        let Some(text) = self.file.changed(force).await? else {
+            return Ok(None);
+        };
+        let whole_config = self.whole_config;
+        // Peer hostnames resolve through the system's blocking resolver: off the runtime.
+        let parsed = tokio::task::spawn_blocking(move || {
+            if whole_config {
+                config::parse(&text).map(|s| s.peers)
+            } else {
+                config::parse_peers_file(&text)
+            }
+        })
+        .await
+        .map_err(|e| ConfigError::new("", format!("reading the peers failed: {e}")))?;
+        parsed.map(Some)
+    }
+}
