@@ -152,7 +152,12 @@ async fn bench(upstream: SocketAddr, pinned: bool) {
         start_haproxy(&[upstream], "roundrobin", pinned, 4096, "").await,
     ));
     plain.extend(started("bare Pingora", start_bare(upstream, pinned).await));
-    plain.push(start_prefixlb("prefixlb", upstream, TestConfig::new(), pinned));
+    plain.push(start_prefixlb(
+        "prefixlb",
+        upstream,
+        TestConfig::new(),
+        pinned,
+    ));
 
     let certs = make_certs();
     let haproxy_tls = started(

@@ -270,12 +270,12 @@ async fn a_waiter_takes_a_peer_whose_ejection_ran_out_without_health_checks() {
 }
 
 fn write_peers(path: &std::path::Path, peers: &[(&Upstream, u32)]) {
-    let s = peers.iter().fold(TestConfig::new(), |file, (u, w)| {
+    let file = peers.iter().fold(TestConfig::new(), |file, (u, w)| {
         file.peer(PeerEntry::at(u.addr).weight(*w))
     });
     // Write then rename, as configuration management does, so a reader never sees half a file.
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, s.to_yaml()).unwrap();
+    std::fs::write(&tmp, file.to_yaml()).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
 

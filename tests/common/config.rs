@@ -260,7 +260,10 @@ impl TestConfig {
 
     /// `None` lifts the bound (null).
     pub fn balance_factor(self, factor: Option<f64>) -> Self {
-        self.set(&["routing", "balance_factor"], factor.map_or(Value::Null, Value::from))
+        self.set(
+            &["routing", "balance_factor"],
+            factor.map_or(Value::Null, Value::from),
+        )
     }
 
     pub fn prefill_tokens_per_second(self, rate: f64) -> Self {

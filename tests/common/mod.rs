@@ -1,6 +1,6 @@
 //! Test support, for the tests and the benchmarks alike (benches include this file): mock
 //! inference servers (a GPU server is the one peer we do not own) and the real `prefixlb`
-//! binary on ephemeral loopback ports.
+//! binary on ephemeral loopback ports, configured through the typed builders of `config`.
 
 #![allow(dead_code)]
 
@@ -473,7 +473,11 @@ impl Proxy {
 
     /// Rewrites the proxy's configuration file as `config`, on the ports it has.
     pub fn rewrite_config(&self, config: &TestConfig) {
-        std::fs::write(self.config_path(), proxy_file(config, self.addr, self.admin)).unwrap();
+        std::fs::write(
+            self.config_path(),
+            proxy_file(config, self.addr, self.admin),
+        )
+        .unwrap();
     }
 
     /// What the proxy wrote to standard output: its access log.
