@@ -54,11 +54,11 @@ async fn start_targets(
         Err(why) => println!("bare Pingora: skipped ({why})"),
     }
     let proxy = start_proxy_with(
-        &format!(
-            "{}health_check: {{enabled: false}}\naccess_log: off\n",
-            peers_yaml_at([upstream], None)
-        ),
-        "threads: 1\n",
+        &TestConfig::new()
+            .peers_at([upstream])
+            .no_health_check()
+            .access_log("off"),
+        &PingoraConfig::new().threads(1),
     )
     .await;
     targets.push(("prefixlb", proxy.addr, proxy.pid(), Box::new(proxy)));

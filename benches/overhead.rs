@@ -117,13 +117,18 @@ fn started(
     }
 }
 
-fn start_prefixlb(name: &'static str, upstream: SocketAddr, listen: &str, pinned: bool) -> Target {
+fn start_prefixlb(
+    name: &'static str,
+    upstream: SocketAddr,
+    listen: TestConfig,
+    pinned: bool,
+) -> Target {
     let proxy = spawn_proxy_adjusted(
-        &format!(
-            "{listen}{}health_check: {{enabled: false}}\naccess_log: plain\n",
-            peers_yaml_at([upstream], None)
-        ),
-        "threads: 1\n",
+        &listen
+            .peers_at([upstream])
+            .no_health_check()
+            .access_log("plain"),
+        &PingoraConfig::new().threads(1),
         |c| pin_command(c, pinned),
     );
     Target {
@@ -147,7 +152,12 @@ async fn bench(upstream: SocketAddr, pinned: bool) {
         start_haproxy(&[upstream], "roundrobin", pinned, 4096, "").await,
     ));
     plain.extend(started("bare Pingora", start_bare(upstream, pinned).await));
-    plain.push(start_prefixlb("prefixlb", upstream, "", pinned));
+    plain.push(start_prefixlb(
+        "prefixlb",
+        upstream,
+        TestConfig::new(),
+        pinned,
+    ));
 
     let certs = make_certs();
     let haproxy_tls = started(
@@ -161,12 +171,8 @@ async fn bench(upstream: SocketAddr, pinned: bool) {
         )
         .await,
     );
-    let tls_listen = format!(
-        "listen: [{{addr: \"127.0.0.1:{{port}}\", tls: {{cert: \"{}\", key: \"{}\"}}}}]\n",
-        certs.cert.display(),
-        certs.key.display()
-    );
-    let prefixlb_tls = start_prefixlb("prefixlb", upstream, &tls_listen, pinned);
+    let tls_listen = TestConfig::new().listen_tls(&certs.cert, &certs.key);
+    let prefixlb_tls = start_prefixlb("prefixlb", upstream, tls_listen, pinned);
     let tls: Vec<Target> = haproxy_tls.into_iter().chain([prefixlb_tls]).collect();
     for t in plain.iter().chain(&tls) {
         wait_listening(t.addr, t.name).await;

@@ -69,13 +69,19 @@ async fn conversation_on(c: &reqwest::Client, proxy: &Proxy, home: &str) -> Stri
     panic!("no conversation maps to {home}");
 }
 
-const FAST_HEALTH: &str =
-    "health_check: {interval_ms: 200, timeout_ms: 200, healthy_after: 1, unhealthy_after: 1}\n";
+/// `peers` checked for health every 200 ms, each check deciding.
+fn fast_health(peers: TestConfig) -> TestConfig {
+    peers
+        .health_check_interval_ms(200)
+        .health_check_timeout_ms(200)
+        .healthy_after(1)
+        .unhealthy_after(1)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_peer_is_marked_down_within_one_interval_and_gets_its_keys_back() {
     let ups = upstreams::<3>().await;
-    let cfg = format!("{}{FAST_HEALTH}", peers_yaml(&ups, None));
+    let cfg = fast_health(TestConfig::new().peers(&ups));
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
@@ -119,7 +125,7 @@ async fn a_killed_peer_goes_down_and_a_restarted_one_comes_back() {
     let a = start_upstream("a").await;
     let b = start_upstream("b").await;
     let a_addr = a.addr;
-    let cfg = format!("{}{FAST_HEALTH}", peers_yaml(&[&a, &b], None));
+    let cfg = fast_health(TestConfig::new().peers(&[&a, &b]));
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
@@ -160,10 +166,11 @@ async fn answered_with(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_gateway_errors_eject_a_peer_but_4xx_and_500_do_not() {
     let ups = upstreams::<2>().await;
-    let cfg = format!(
-        "{}health_check: {{enabled: false}}\noutlier: {{consecutive_failures: 3, base_ejection_ms: 1500, max_ejection_ms: 10000}}\n",
-        peers_yaml(&ups, None)
-    );
+    let cfg = TestConfig::new()
+        .peers(&ups)
+        .no_health_check()
+        .consecutive_failures(3)
+        .ejection_ms(1500, 10000);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
@@ -199,10 +206,12 @@ async fn repeated_gateway_errors_eject_a_peer_but_4xx_and_500_do_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_everywhere_eject_no_more_than_the_cap() {
     let ups = upstreams::<2>().await;
-    let cfg = format!(
-        "{}health_check: {{enabled: false}}\noutlier: {{consecutive_failures: 2, base_ejection_ms: 10000, max_ejection_ms: 10000, max_ejected_percent: 50}}\n",
-        peers_yaml(&ups, None)
-    );
+    let cfg = TestConfig::new()
+        .peers(&ups)
+        .no_health_check()
+        .consecutive_failures(2)
+        .ejection_ms(10000, 10000)
+        .max_ejected_percent(50);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     // Every engine answers 503, to every conversation.
@@ -223,10 +232,15 @@ async fn errors_everywhere_eject_no_more_than_the_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_takes_a_peer_whose_ejection_ran_out_without_health_checks() {
     let ups = upstreams::<2>().await;
-    let cfg = format!(
-        "{}health_check: {{enabled: false}}\ndiscovery: {{reload_interval_ms: 50}}\noutlier: {{consecutive_failures: 2, base_ejection_ms: 400, max_ejection_ms: 400}}\nqueue: {{max_waiting: 4, timeout_ms: 10000}}\n",
-        peers_yaml(&ups, Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&ups)
+        .max_in_flight(1)
+        .no_health_check()
+        .reload_interval_ms(50)
+        .consecutive_failures(2)
+        .ejection_ms(400, 400)
+        .max_waiting(4)
+        .queue_timeout_ms(10000);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
@@ -256,13 +270,12 @@ async fn a_waiter_takes_a_peer_whose_ejection_ran_out_without_health_checks() {
 }
 
 fn write_peers(path: &std::path::Path, peers: &[(&Upstream, u32)]) {
-    let mut s = String::from("peers:\n");
-    for (u, w) in peers {
-        s.push_str(&format!("  - {{addr: \"{}\", weight: {w}}}\n", u.addr));
-    }
+    let file = peers.iter().fold(TestConfig::new(), |file, (u, w)| {
+        file.peer(PeerEntry::at(u.addr).weight(*w))
+    });
     // Write then rename, as configuration management does, so a reader never sees half a file.
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, s).unwrap();
+    std::fs::write(&tmp, file.to_yaml()).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
 
@@ -272,10 +285,9 @@ async fn rewriting_the_peers_file_under_load_fails_no_request() {
     let dir = tempfile::tempdir().unwrap();
     let peers_file = dir.path().join("peers.yaml");
     write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1)]);
-    let cfg = format!(
-        "discovery: {{peers_file: \"{}\", reload_interval_ms: 10}}\n",
-        peers_file.display()
-    );
+    let cfg = TestConfig::new()
+        .peers_file(&peers_file)
+        .reload_interval_ms(10);
     let proxy = Arc::new(start_proxy(&cfg).await);
     let c = client();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -389,18 +401,9 @@ async fn rewriting_the_peers_file_under_load_fails_no_request() {
 async fn sighup_reloads_the_peers_section_of_the_config_file() {
     let ups = upstreams::<2>().await;
     // Checked for changes only once a minute: the reload below is the signal's doing.
-    let cfg = format!(
-        "discovery: {{reload_interval_ms: 60000}}\n{}",
-        peers_yaml(&[&ups[0]], None)
-    );
-    let proxy = start_proxy(&cfg).await;
-    let path = proxy.config_path();
-    let text = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(
-        &path,
-        text.replace(&peers_yaml(&[&ups[0]], None), &peers_yaml(&ups, None)),
-    )
-    .unwrap();
+    let cfg = TestConfig::new().reload_interval_ms(60000);
+    let proxy = start_proxy(&cfg.clone().peers(&[&ups[0]])).await;
+    proxy.rewrite_config(&cfg.peers(&ups));
     let status = std::process::Command::new("kill")
         .args(["-HUP", &proxy.pid().to_string()])
         .status()
@@ -422,10 +425,9 @@ async fn an_invalid_peers_file_leaves_routing_unchanged() {
     let dir = tempfile::tempdir().unwrap();
     let peers_file = dir.path().join("peers.yaml");
     write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1)]);
-    let cfg = format!(
-        "discovery: {{peers_file: \"{}\", reload_interval_ms: 20}}\n",
-        peers_file.display()
-    );
+    let cfg = TestConfig::new()
+        .peers_file(&peers_file)
+        .reload_interval_ms(20);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let before = members(proxy.peers().await);
@@ -462,10 +464,7 @@ async fn an_invalid_peers_file_leaves_routing_unchanged() {
 async fn a_drained_peer_takes_nothing_new_and_its_in_flight_falls_to_zero() {
     let ups = upstreams::<2>().await;
     // No balance bound, so that three streams of one conversation all stay on its peer.
-    let cfg = format!(
-        "{}routing: {{balance_factor: null}}\n",
-        peers_yaml(&ups, None)
-    );
+    let cfg = TestConfig::new().peers(&ups).balance_factor(None);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
@@ -531,20 +530,21 @@ async fn a_drained_peer_takes_nothing_new_and_its_in_flight_falls_to_zero() {
 async fn the_admin_api_can_require_a_bearer_token() {
     let up = start_upstream("a").await;
     let dir = tempfile::tempdir().unwrap();
-    let (port, admin) = (free_port(), free_port());
+    let (listen, admin) = (free_addr(), free_addr());
     let path = dir.path().join("lb.yaml");
-    std::fs::write(
-        &path,
-        format!("listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: \"127.0.0.1:{admin}\", token: s3cret}}\n{}", peers_yaml(&[&up], None)),
-    )
-    .unwrap();
+    let config = TestConfig::new()
+        .listen_on(listen)
+        .admin_on(admin)
+        .admin_token("s3cret")
+        .peers(&[&up]);
+    std::fs::write(&path, config.to_yaml()).unwrap();
     let mut child = std::process::Command::new(binary())
         .arg("-l")
         .arg(&path)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let url = format!("http://127.0.0.1:{admin}/admin/peers");
+    let url = format!("http://{admin}/admin/peers");
     let c = client();
     let start = Instant::now();
     let denied = loop {
@@ -573,7 +573,7 @@ async fn the_admin_api_can_require_a_bearer_token() {
         assert_eq!(r.status(), status, "{auth}");
     }
     // What a web page could make a browser send is refused; a tool's plain POST is not.
-    let drain = format!("http://127.0.0.1:{admin}/admin/peers/{}/drain", up.addr);
+    let drain = format!("http://{admin}/admin/peers/{}/drain", up.addr);
     let undrain = drain.replace("/drain", "/undrain");
     let from_page = [
         ("origin", "http://evil.example"),
@@ -700,10 +700,11 @@ async fn dns_discovery_follows_the_records() {
         Ipv4Addr::new(127, 0, 0, 2),
     ]));
     let dns = fake_dns(a_records("gpu.test.", Arc::clone(&answers))).await;
-    let cfg = format!(
-        "discovery:\n  dns: {{name: \"gpu.test.\", port: {port}, interval_ms: 100, nameserver: \"{}\", max_in_flight: 8}}\n",
-        dns.addr
-    );
+    let cfg = TestConfig::new()
+        .dns("gpu.test.", dns.addr)
+        .dns_port(port)
+        .dns_interval_ms(100)
+        .dns_max_in_flight(8);
     let proxy = start_proxy(&cfg).await;
     let listed = |l: &serde_json::Value| -> Vec<String> {
         let mut v: Vec<String> = l["peers"]
@@ -779,10 +780,12 @@ async fn an_srv_target_that_fails_once_keeps_its_peer_and_one_that_stays_gone_le
         }
     }))
     .await;
-    let cfg = format!(
-        "discovery:\n  dns: {{name: \"gpu.test.\", record: srv, interval_ms: 100, nameserver: \"{}\", failures_before_removal: 3}}\nhealth_check: {{enabled: false}}\n",
-        dns.addr
-    );
+    let cfg = TestConfig::new()
+        .dns("gpu.test.", dns.addr)
+        .dns_srv()
+        .dns_interval_ms(100)
+        .dns_failures_before_removal(3)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     let both = vec![a.addr_str(), b.addr_str()];
     until(&proxy, Duration::from_secs(5), |l| listed(l) == both).await;
@@ -820,10 +823,11 @@ async fn an_empty_peer_list_is_refused_unless_allowed() {
         let dir = tempfile::tempdir().unwrap();
         let peers_file = dir.path().join("peers.yaml");
         write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1)]);
-        let cfg = format!(
-            "discovery: {{peers_file: \"{}\", reload_interval_ms: 20, allow_empty: {allow}}}\nhealth_check: {{enabled: false}}\n",
-            peers_file.display()
-        );
+        let cfg = TestConfig::new()
+            .peers_file(&peers_file)
+            .reload_interval_ms(20)
+            .allow_empty(allow)
+            .no_health_check();
         let proxy = start_proxy(&cfg).await;
         let before = listed(&proxy.peers().await);
         assert_eq!(before.len(), 2);
@@ -854,10 +858,10 @@ async fn a_peers_file_written_in_pieces_is_read_only_once_whole() {
     let dir = tempfile::tempdir().unwrap();
     let peers_file = dir.path().join("peers.yaml");
     write_peers(&peers_file, &[(&ups[0], 1), (&ups[1], 1), (&ups[2], 1)]);
-    let cfg = format!(
-        "discovery: {{peers_file: \"{}\", reload_interval_ms: 20}}\nhealth_check: {{enabled: false}}\n",
-        peers_file.display()
-    );
+    let cfg = TestConfig::new()
+        .peers_file(&peers_file)
+        .reload_interval_ms(20)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     // A writer that neither renames nor writes at once: its first piece is a valid list of one.
     let whole = format!(
@@ -912,10 +916,11 @@ async fn a_peers_file_written_in_pieces_is_read_only_once_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_reporting_a_queue_is_passed_over_until_it_clears() {
     let ups = upstreams::<2>().await;
-    let cfg = format!(
-        "{}health_check: {{enabled: false}}\nengine_metrics: {{enabled: true, interval_ms: 50}}\n",
-        peers_yaml(&ups, None)
-    );
+    let cfg = TestConfig::new()
+        .peers(&ups)
+        .no_health_check()
+        .engine_metrics(true)
+        .engine_metrics_interval_ms(50);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let conv = conversation_on(&c, &proxy, "a").await;
@@ -953,7 +958,7 @@ async fn an_engine_reporting_a_queue_is_passed_over_until_it_clears() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_counts_on_its_peers_prefill_queue_until_the_first_byte() {
     let ups = upstreams::<1>().await;
-    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&ups)).await;
     let c = client();
     let body = chat("system", &"x".repeat(40_000), 1, false);
     let tokens = (body.len() / prefixlb::routing::policy::CHARS_PER_TOKEN) as f64;

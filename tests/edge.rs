@@ -16,18 +16,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::*;
 
-/// A leaf of `pki` in `dir`, and the listener YAML that serves it on the proxy's port.
-fn tls_listener(dir: &Path, pki: &Pki) -> (PathBuf, PathBuf, String) {
+/// A leaf of `pki` in `dir`, and a configuration with a listener that serves it on the proxy's
+/// port.
+fn tls_listener(dir: &Path, pki: &Pki) -> (PathBuf, PathBuf, TestConfig) {
     let (cert, key) = pki.leaf();
     let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
     put(&cert_path, &cert);
     put(&key_path, &key);
-    let yaml = format!(
-        "listen:\n  - addr: \"127.0.0.1:{{port}}\"\n    tls: {{cert: \"{}\", key: \"{}\"}}\n",
-        cert_path.display(),
-        key_path.display()
-    );
-    (cert_path, key_path, yaml)
+    let config = TestConfig::new().listen_tls(&cert_path, &key_path);
+    (cert_path, key_path, config)
 }
 
 /// One client connection over TLS, HTTP/1.1 or HTTP/2 as ALPN chose.
@@ -131,7 +128,7 @@ async fn tls_listener_serves_http1_and_http2_with_streams_and_large_bodies() {
     let pki = Pki::new("test ca");
     let certs = tempfile::tempdir().unwrap();
     let (_, _, listen) = tls_listener(certs.path(), &pki);
-    let proxy = start_proxy(&format!("{listen}{}", peers_yaml(&[&up], None))).await;
+    let proxy = start_proxy(&listen.peers(&[&up])).await;
     let large = chat(&"s".repeat(70 * 1024), "q", 1, false);
     for h2 in [false, true] {
         let (mut conn, alpn) = Conn::open(proxy.addr, &pki.ca_pem(), h2).await.unwrap();
@@ -182,10 +179,12 @@ async fn an_http2_body_is_replayed_intact_to_the_next_peer_after_a_failed_connec
     let pki = Pki::new("test ca");
     let certs = tempfile::tempdir().unwrap();
     let (_, _, listen) = tls_listener(certs.path(), &pki);
-    let proxy = start_proxy(&format!(
-        "{listen}{}health_check: {{enabled: false}}\noutlier: {{consecutive_failures: 0}}\n",
-        peers_yaml_at([dead, up.addr], None)
-    ))
+    let proxy = start_proxy(
+        &listen
+            .peers_at([dead, up.addr])
+            .no_health_check()
+            .consecutive_failures(0),
+    )
     .await;
     let (mut conn, alpn) = Conn::open(proxy.addr, &pki.ca_pem(), true).await.unwrap();
     assert_eq!(alpn, b"h2");
@@ -218,7 +217,7 @@ async fn a_reset_http2_stream_frees_its_slot_and_leaves_the_connection_up() {
     let pki = Pki::new("test ca");
     let certs = tempfile::tempdir().unwrap();
     let (_, _, listen) = tls_listener(certs.path(), &pki);
-    let proxy = start_proxy(&format!("{listen}{}", peers_yaml(&[&up], None))).await;
+    let proxy = start_proxy(&listen.peers(&[&up])).await;
     let (mut conn, alpn) = Conn::open(proxy.addr, &pki.ca_pem(), true).await.unwrap();
     assert_eq!(alpn, b"h2");
     let answer = conn
@@ -251,7 +250,7 @@ async fn a_reset_http2_stream_frees_its_slot_and_leaves_the_connection_up() {
 #[tokio::test]
 async fn h2c_serves_http2_by_prior_knowledge_and_http1_on_the_same_port() {
     let up = start_upstream("a").await;
-    let proxy = start_proxy(&format!("h2c: true\n{}", peers_yaml(&[&up], Some(1)))).await;
+    let proxy = start_proxy(&TestConfig::new().h2c().peers(&[&up]).max_in_flight(1)).await;
     let mut conn = Conn::open_h2c(proxy.addr).await;
     // Stream A takes the only slot; stream B waits in line on the same connection, and is
     // served once A ends (a waiting HTTP/2 stream is not taken for a client gone).
@@ -297,7 +296,7 @@ async fn a_swapped_certificate_serves_new_handshakes_without_dropping_an_open_st
     let (old, new) = (Pki::new("old ca"), Pki::new("new ca"));
     let certs = tempfile::tempdir().unwrap();
     let (cert_path, key_path, listen) = tls_listener(certs.path(), &old);
-    let proxy = start_proxy(&format!("{listen}{}", peers_yaml(&[&up], None))).await;
+    let proxy = start_proxy(&listen.peers(&[&up])).await;
     let (mut conn, _) = Conn::open(proxy.addr, &old.ca_pem(), false).await.unwrap();
     let answer = conn
         .post(
@@ -356,12 +355,11 @@ async fn a_certificate_behind_a_repointed_symlink_is_followed() {
     }
     repoint(&cert_link, &archive.join("fullchain1.pem"));
     repoint(&key_link, &archive.join("privkey1.pem"));
-    let proxy = start_proxy(&format!(
-        "listen:\n  - addr: \"127.0.0.1:{{port}}\"\n    tls: {{cert: \"{}\", key: \"{}\"}}\n{}",
-        cert_link.display(),
-        key_link.display(),
-        peers_yaml(&[&up], None)
-    ))
+    let proxy = start_proxy(
+        &TestConfig::new()
+            .listen_tls(&cert_link, &key_link)
+            .peers(&[&up]),
+    )
     .await;
     assert!(Conn::open(proxy.addr, &old.ca_pem(), false).await.is_ok());
     repoint(&cert_link, &archive.join("fullchain2.pem"));
@@ -385,15 +383,10 @@ async fn a_peer_behind_tls_is_reached_checked_and_refused_when_untrusted() {
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.pem");
     put(&ca_file, &pki.ca_pem());
-    let peer = format!(
-        "peers:\n  - {{addr: \"{}\", tls: true, sni: localhost}}\nhealth_check: {{interval_ms: 100}}\n",
-        up.addr
-    );
-    let trusted = start_proxy(&format!(
-        "{peer}upstream: {{tls: {{ca_file: \"{}\"}}}}\n",
-        ca_file.display()
-    ))
-    .await;
+    let peer = TestConfig::new()
+        .peer(PeerEntry::at(up.addr).tls("localhost"))
+        .health_check_interval_ms(100);
+    let trusted = start_proxy(&peer.clone().upstream_ca_file(&ca_file)).await;
     let answer = client()
         .post(trusted.url("/v1/chat/completions"))
         .body(chat("s", "q", 1, false))
@@ -442,17 +435,12 @@ fn key_entry(name: &str, key: &str, limits: &str) -> String {
 async fn keyed_proxy(
     up: &Upstream,
     entries: &[String],
-    auth: &str,
+    auth: impl FnOnce(TestConfig) -> TestConfig,
 ) -> (Proxy, PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys.yaml");
     put(&keys, &format!("keys:\n{}", entries.concat()));
-    let proxy = start_proxy(&format!(
-        "auth: {{keys_file: \"{}\"{auth}}}\n{}",
-        keys.display(),
-        peers_yaml(&[up], None)
-    ))
-    .await;
+    let proxy = start_proxy(&auth(TestConfig::new().keys_file(&keys).peers(&[up]))).await;
     (proxy, keys, dir)
 }
 
@@ -467,7 +455,7 @@ async fn api_keys_refuse_unknown_clients_before_the_body_and_cap_each_tenant() {
         key_entry("team-a", "sk-a", ", max_concurrent: 1"),
         key_entry("team-b", "sk-b", ""),
     ];
-    let (proxy, keys, _dir) = keyed_proxy(&up, &entries, "").await;
+    let (proxy, keys, _dir) = keyed_proxy(&up, &entries, |c| c).await;
     let post = |key: Option<&str>| {
         let mut req = client()
             .post(proxy.url("/v1/chat/completions"))
@@ -575,7 +563,7 @@ async fn a_key_goes_on_to_the_engine_only_when_forwarding_is_on_and_rates_hold()
         key_entry("t", "sk-t", ""),
         key_entry("slow", "sk-slow", ", requests_per_second: 1"),
     ];
-    let (proxy, _, _dir) = keyed_proxy(&up, &entries, ", forward_key: true").await;
+    let (proxy, _, _dir) = keyed_proxy(&up, &entries, TestConfig::forward_key).await;
     let answer = client()
         .post(proxy.url("/v1/chat/completions"))
         .header("authorization", bearer("sk-t"))

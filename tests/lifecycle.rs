@@ -9,15 +9,14 @@ use common::*;
 use futures_util::StreamExt;
 
 /// The shipped grace period: a stop must not wait it out.
-const SHIPPED_GRACE: &str = "grace_period_seconds: 300\ngraceful_shutdown_timeout_seconds: 10\n";
+fn shipped_grace() -> PingoraConfig {
+    PingoraConfig::new().grace_seconds(300, 10)
+}
 
 async fn proxy_for(up: &Upstream) -> Proxy {
     start_proxy_with(
-        &format!(
-            "{}health_check: {{enabled: false}}\n",
-            peers_yaml(&[up], None)
-        ),
-        SHIPPED_GRACE,
+        &TestConfig::new().peers(&[up]).no_health_check(),
+        &shipped_grace(),
     )
     .await
 }
@@ -94,11 +93,8 @@ async fn a_second_signal_during_the_drain_stops_at_once() {
 async fn signals_in_the_first_moments_do_not_end_the_process() {
     let up = start_upstream("a").await;
     let mut proxy = spawn_proxy(
-        &format!(
-            "{}health_check: {{enabled: false}}\n",
-            peers_yaml(&[&up], None)
-        ),
-        SHIPPED_GRACE,
+        &TestConfig::new().peers(&[&up]).no_health_check(),
+        &shipped_grace(),
     );
     // While it starts (its first log line comes right after its handlers are in place, well
     // before it serves): reloads are moot, an upgrade has no successor.

@@ -68,10 +68,10 @@ fn one(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_peer_gauges_match_the_streams_the_test_holds_open() {
     let ups = upstreams::<2>().await;
-    let cfg = format!(
-        "{}routing: {{balance_factor: null}}\n",
-        peers_yaml(&ups, Some(5))
-    );
+    let cfg = TestConfig::new()
+        .peers(&ups)
+        .max_in_flight(5)
+        .balance_factor(None);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let (a, b) = (ups[0].addr_str(), ups[1].addr_str());
@@ -172,11 +172,13 @@ async fn per_peer_gauges_match_the_streams_the_test_holds_open() {
 async fn rejections_failures_and_reloads_are_counted() {
     let up = start_upstream("a").await;
     let (dead, _refusing) = refused_addr();
+    let cfg = TestConfig::new()
+        .peers_at([up.addr, dead])
+        .max_in_flight(1)
+        .balance_factor(None)
+        .max_waiting(0)
+        .no_health_check();
     let dead = dead.to_string();
-    let cfg = format!(
-        "peers:\n  - {{addr: \"{}\", max_in_flight: 1}}\n  - {{addr: \"{dead}\", max_in_flight: 1}}\nrouting: {{balance_factor: null}}\nqueue: {{max_waiting: 0}}\nhealth_check: {{enabled: false}}\n",
-        up.addr
-    );
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let hold = c
@@ -240,7 +242,7 @@ async fn rejections_failures_and_reloads_are_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_has_a_line_per_request_and_no_prompt_text() {
     let up = start_upstream("a").await;
-    let cfg = format!("{}access_log: json\n", peers_yaml(&[&up], None));
+    let cfg = TestConfig::new().peers(&[&up]).access_log("json");
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let secret = "patient Jane Doe, date of birth 1970-01-01";
@@ -295,11 +297,8 @@ async fn a_removed_peer_leaves_no_series_behind() {
     let ups = upstreams::<2>().await;
     let dir = tempfile::tempdir().unwrap();
     let peers = dir.path().join("peers.yaml");
-    std::fs::write(&peers, peers_yaml(&ups, None)).unwrap();
-    let cfg = format!(
-        "discovery: {{peers_file: \"{}\", reload_interval_ms: 20}}\n",
-        peers.display()
-    );
+    std::fs::write(&peers, TestConfig::new().peers(&ups).to_yaml()).unwrap();
+    let cfg = TestConfig::new().peers_file(&peers).reload_interval_ms(20);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     for i in 0..20 {
@@ -314,7 +313,7 @@ async fn a_removed_peer_leaves_no_series_behind() {
     let b = ups[1].addr_str();
     let m = scrape(&proxy.metrics().await);
     assert!(!find(&m, "prefixlb_peer_requests_total", &[("peer", &b)]).is_empty());
-    std::fs::write(&peers, peers_yaml(&[&ups[0]], None)).unwrap();
+    std::fs::write(&peers, TestConfig::new().peers(&[&ups[0]]).to_yaml()).unwrap();
     let start = std::time::Instant::now();
     while proxy.peers().await["peers"].as_array().unwrap().len() != 1 {
         assert!(
@@ -339,17 +338,17 @@ async fn a_peer_removed_mid_stream_leaves_no_series_when_the_stream_ends() {
     let ups = upstreams::<2>().await;
     let dir = tempfile::tempdir().unwrap();
     let peers = dir.path().join("peers.yaml");
-    std::fs::write(&peers, peers_yaml(&[&ups[0]], None)).unwrap();
-    let cfg = format!(
-        "discovery: {{peers_file: \"{}\", reload_interval_ms: 20}}\nhealth_check: {{enabled: false}}\n",
-        peers.display()
-    );
+    std::fs::write(&peers, TestConfig::new().peers(&[&ups[0]]).to_yaml()).unwrap();
+    let cfg = TestConfig::new()
+        .peers_file(&peers)
+        .reload_interval_ms(20)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     let a = ups[0].addr_str();
     let stream = open_stream(&proxy, 10, 100).await;
     // Removed while its stream runs, by a rename, as a peers file should be written.
     let tmp = dir.path().join("peers.tmp");
-    std::fs::write(&tmp, peers_yaml(&[&ups[1]], None)).unwrap();
+    std::fs::write(&tmp, TestConfig::new().peers(&[&ups[1]]).to_yaml()).unwrap();
     std::fs::rename(&tmp, &peers).unwrap();
     let start = std::time::Instant::now();
     while proxy.peers().await["peers"][0]["address"] != ups[1].addr_str() {
@@ -379,10 +378,10 @@ async fn a_peer_removed_mid_stream_leaves_no_series_when_the_stream_ends() {
 async fn peeks_beyond_the_memory_budget_get_503() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}routing: {{peek_limit_bytes: 4096}}\nlimits: {{peek_memory_bytes: 8192}}\n",
-        peers_yaml(&[&up], None)
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .peek_limit_bytes(4096)
+        .peek_memory_bytes(8192);
     let proxy = start_proxy(&cfg).await;
     // 3,000 bytes of a system prompt whose key is not complete yet, in a 4,000-byte body.
     let body = chat(&"s".repeat(3900), "q", 1, false);

@@ -27,10 +27,15 @@ async fn requests_go_to_a_peer_that_serves_their_model() {
     // a is listed with a base model and a LoRA adapter on it; b says what it serves when
     // asked; c serves another base model and is listed.
     b.models.lock().unwrap().extend(["base-b".to_owned()]);
-    let proxy = start_proxy(&format!(
-        "peers:\n  - {{addr: \"{}\", models: [base-a, sql-lora]}}\n  - {{addr: \"{}\"}}\n  - {{addr: \"{}\", models: [base-c]}}\nmodels: {{discover: true, interval_ms: 100, default: base-c}}\nhealth_check: {{enabled: false}}\n",
-        a.addr, b.addr, c.addr
-    ))
+    let proxy = start_proxy(
+        &TestConfig::new()
+            .peer(PeerEntry::at(a.addr).models(&["base-a", "sql-lora"]))
+            .peer(PeerEntry::at(b.addr))
+            .peer(PeerEntry::at(c.addr).models(&["base-c"]))
+            .discover_models(100)
+            .default_model("base-c")
+            .no_health_check(),
+    )
     .await;
     // Until b has said, it may serve anything; wait for its list.
     let start = Instant::now();

@@ -29,7 +29,7 @@ fn upstream_of(r: &reqwest::Response) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_stick_to_one_upstream_across_turns() {
     let ups = upstreams::<3>().await;
-    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&ups)).await;
     let c = client();
     let shared = "You are the triage assistant of St. Mary's. ".repeat(30);
     let (mut own_homes, mut shared_homes) = (HashSet::new(), HashSet::new());
@@ -65,10 +65,10 @@ async fn conversations_stick_to_one_upstream_across_turns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_primary_overflows_to_the_next_ring_peer_and_the_key_comes_back() {
     let ups = upstreams::<3>().await;
-    let cfg = format!(
-        "{}routing: {{balance_factor: null}}\n",
-        peers_yaml(&ups, Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&ups)
+        .max_in_flight(1)
+        .balance_factor(None);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let body = chat("sys", "the hot conversation", 1, true);
@@ -139,10 +139,10 @@ fn ward_turn(who: &str, n: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_follows_its_own_history_inside_a_shared_prompt() {
     let ups = upstreams::<3>().await;
-    let cfg = format!(
-        "{}routing: {{prefix_record_mib: 2}}\n",
-        peers_yaml(&ups, Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&ups)
+        .max_in_flight(1)
+        .prefix_record_mib(2);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let home = upstream_of(&post_prompt(&c, &proxy, &ward_turn("a", 1), None).await);
@@ -180,13 +180,13 @@ async fn a_turn_follows_its_own_history_inside_a_shared_prompt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_sends_a_turn_where_another_replica_sent_its_conversation() {
     let ups = upstreams::<3>().await;
-    let base = format!(
-        "{}routing: {{prefix_record_mib: 2}}\n",
-        peers_yaml(&ups, Some(1))
-    );
-    let told = replicas_yaml(2);
-    let a = start_proxy(&format!("{base}{}", told[0])).await;
-    let b = start_proxy(&format!("{base}{}", told[1])).await;
+    let base = TestConfig::new()
+        .peers(&ups)
+        .max_in_flight(1)
+        .prefix_record_mib(2);
+    let told = replicas(2);
+    let a = start_proxy(&base.clone().replica(&told[0])).await;
+    let b = start_proxy(&base.clone().replica(&told[1])).await;
     let apart = start_proxy(&base).await;
     let c = client();
     let held = post_prompt(&c, &a, &ward_turn("a", 1), Some(2_000)).await;
@@ -212,7 +212,7 @@ async fn a_replica_sends_a_turn_where_another_replica_sent_its_conversation() {
 
     // What an address that is no replica's sends is refused.
     use prefixlb::control::replicas::{encode_entry, MAGIC};
-    let b_listen = told[1].split('"').nth(1).unwrap();
+    let b_listen = told[1].listen;
     let mut stray = MAGIC.to_vec();
     assert!(encode_entry(&mut stray, &ups[0].addr_str(), &[1, 2, 3]));
     let from = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
@@ -284,10 +284,7 @@ fn framed(body: Vec<u8>, framing: &Framing) -> reqwest::Body {
 async fn request_bodies_reach_the_upstream_byte_for_byte() {
     let ups = upstreams::<2>().await;
     // A peek limit past Pingora's 64 KiB replay buffer exercises the re-injection path.
-    let cfg = format!(
-        "{}routing: {{peek_limit_bytes: 1048576}}\n",
-        peers_yaml(&ups, None)
-    );
+    let cfg = TestConfig::new().peers(&ups).peek_limit_bytes(1048576);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     const K: usize = 1024;
@@ -379,7 +376,7 @@ async fn echoed(c: &reqwest::Client, proxy: &Proxy, body: Vec<u8>, framing: &Fra
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_turns_past_the_peek_limit_stay_with_their_conversation() {
     let ups = upstreams::<3>().await;
-    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&ups)).await;
     let c = client();
     let mut homes = HashSet::new();
     for conv in 0..9 {
@@ -410,7 +407,7 @@ async fn long_turns_past_the_peek_limit_stay_with_their_conversation() {
 async fn a_body_ending_just_past_the_peek_window_keys_on_the_window() {
     // The first user message alone is longer than the 64 KiB window: the key is the window.
     let ups = upstreams::<3>().await;
-    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&ups)).await;
     let c = client();
     let body = |conversation: usize, tail: &str| {
         let content = format!("conversation {conversation}: {}{tail}", "x".repeat(69_000));
@@ -487,7 +484,7 @@ async fn read_to_close(s: &mut tokio::net::TcpStream) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expect_100_continue_is_answered_before_the_body_is_read() {
     let up = start_upstream("a").await;
-    let proxy = start_proxy(&peers_yaml(&[&up], None)).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&[&up])).await;
     let body = chat("s", "a client that waits for 100 Continue", 1, false);
     let (interim, rest) = continue_exchange(&proxy, "", &body).await;
     assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
@@ -499,9 +496,11 @@ async fn expect_100_continue_is_answered_before_the_body_is_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_failure_after_100_continue_is_answered_502() {
     let (dead, _refusing) = refused_addr();
-    let cfg = format!(
-        "peers:\n  - addr: \"{dead}\"\nupstream: {{connect_retries: 0}}\nhealth_check: {{enabled: false}}\naccess_log: json\n"
-    );
+    let cfg = TestConfig::new()
+        .peers_at([dead])
+        .connect_retries(0)
+        .no_health_check()
+        .access_log("json");
     let proxy = start_proxy(&cfg).await;
     let (interim, rest) = continue_exchange(&proxy, "", &chat("s", "q", 1, false)).await;
     assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
@@ -521,10 +520,11 @@ async fn an_upstream_failure_after_100_continue_is_answered_502() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_key_is_admitted_before_100_continue() {
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}queue: {{max_waiting: 0}}\nhealth_check: {{enabled: false}}\n",
-        peers_yaml(&[&up], Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .max_in_flight(1)
+        .max_waiting(0)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     let body = chat("s", "a large upload", 1, false);
     let held = open_stream(&proxy, 30, 100).await;
@@ -541,7 +541,7 @@ async fn a_session_key_is_admitted_before_100_continue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_events_pass_through_as_they_are_emitted() {
     let up = start_upstream("a").await;
-    let proxy = start_proxy(&peers_yaml(&[&up], None)).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&[&up])).await;
     let r = client()
         .post(proxy.url(CHAT))
         .header("x-mock-events", "12")
@@ -587,7 +587,7 @@ async fn sse_events_pass_through_as_they_are_emitted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_slot_is_released_when_clients_walk_away_mid_stream() {
     let ups = upstreams::<3>().await;
-    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&ups)).await;
     let c = client();
     let mut tasks = Vec::new();
     for i in 0..300u64 {
@@ -643,11 +643,7 @@ async fn every_slot_is_released_when_clients_walk_away_mid_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_are_released_on_upstream_resets_and_timeouts() {
     let ups = upstreams::<2>().await;
-    let cfg = format!(
-        "{}upstream: {{read_timeout_ms: 300}}
-",
-        peers_yaml(&ups, None)
-    );
+    let cfg = TestConfig::new().peers(&ups).read_timeout_ms(300);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let mut tasks = Vec::new();
@@ -695,10 +691,12 @@ async fn slots_are_released_on_upstream_resets_and_timeouts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn saturation_waits_in_line_then_answers_503() {
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}routing: {{balance_factor: null}}\nqueue: {{max_waiting: 1, timeout_ms: 400}}\n",
-        peers_yaml(&[&up], Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .max_in_flight(1)
+        .balance_factor(None)
+        .max_waiting(1)
+        .queue_timeout_ms(400);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let hold = |events: u32| {
@@ -767,10 +765,11 @@ async fn saturation_waits_in_line_then_answers_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zero_length_queue_rejects_at_once() {
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}routing: {{balance_factor: null}}\nqueue: {{max_waiting: 0}}\n",
-        peers_yaml(&[&up], Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .max_in_flight(1)
+        .balance_factor(None)
+        .max_waiting(0);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let holder = c
@@ -798,10 +797,12 @@ async fn a_dead_peer_is_skipped_by_retrying_the_next_one() {
     let live = start_upstream("live").await;
     // An address nobody listens on: connects are refused.
     let (dead, _refusing) = refused_addr();
-    let cfg = format!(
-        "peers:\n  - addr: \"{dead}\"\n  - addr: \"{}\"\nupstream: {{connect_retries: 1}}\nrouting: {{peek_limit_bytes: 150000}}\nhealth_check: {{enabled: false}}\noutlier: {{consecutive_failures: 0}}\n",
-        live.addr
-    );
+    let cfg = TestConfig::new()
+        .peers_at([dead, live.addr])
+        .connect_retries(1)
+        .peek_limit_bytes(150000)
+        .no_health_check()
+        .consecutive_failures(0);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     for i in 0..40 {
@@ -825,13 +826,9 @@ async fn a_dead_peer_is_skipped_by_retrying_the_next_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_stop_at_the_configured_count() {
     let refusing: Vec<_> = (0..3).map(|_| refused_addr()).collect();
-    let dead: Vec<String> = refusing.iter().map(|(a, _)| a.to_string()).collect();
-    let cfg = format!(
-        "peers:\n{}upstream: {{connect_retries: 1}}\n",
-        dead.iter()
-            .map(|d| format!("  - addr: \"{d}\"\n"))
-            .collect::<String>()
-    );
+    let cfg = TestConfig::new()
+        .peers_at(refusing.iter().map(|(a, _)| *a))
+        .connect_retries(1);
     let proxy = start_proxy(&cfg).await;
     let r = post_chat(&client(), &proxy, chat("s", "q", 1, false)).await;
     assert_eq!(r.status(), 502);
@@ -843,10 +840,7 @@ async fn retries_stop_at_the_configured_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_bodies_get_413() {
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}limits: {{max_body_bytes: 100000}}\n",
-        peers_yaml(&[&up], None)
-    );
+    let cfg = TestConfig::new().peers(&[&up]).max_body_bytes(100000);
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let big = sized_body(200_000);
@@ -880,7 +874,7 @@ async fn oversized_bodies_get_413() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_bodies_are_routed_by_fallback_and_leak_nothing() {
     let ups = upstreams::<2>().await;
-    let proxy = start_proxy(&peers_yaml(&ups, None)).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&ups)).await;
     let c = client();
     let bodies: Vec<Vec<u8>> = vec![
         b"not json at all".to_vec(),
@@ -1021,10 +1015,13 @@ fn invalid_configs_are_refused_naming_the_field() {
 async fn a_client_that_stops_reading_gives_its_slot_back() {
     use tokio::io::AsyncWriteExt;
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}queue: {{max_waiting: 4, timeout_ms: 10000}}\nlimits: {{client_write_timeout_ms: 500}}\nhealth_check: {{enabled: false}}\n",
-        peers_yaml(&[&up], Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .max_in_flight(1)
+        .max_waiting(4)
+        .queue_timeout_ms(10000)
+        .client_write_timeout_ms(500)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     // A client with a small receive buffer that asks for a 32 MB stream and reads none of it.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -1073,10 +1070,11 @@ async fn a_client_that_stops_reading_gives_its_slot_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_503_for_want_of_a_slot_reaches_a_client_still_sending_its_body() {
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}queue: {{max_waiting: 0}}\nhealth_check: {{enabled: false}}\n",
-        peers_yaml(&[&up], Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .max_in_flight(1)
+        .max_waiting(0)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let held = open_stream(&proxy, 30, 100).await;
@@ -1102,10 +1100,12 @@ async fn a_503_for_want_of_a_slot_reaches_a_client_still_sending_its_body() {
 async fn a_waiter_whose_client_leaves_leaves_the_line_at_once() {
     use tokio::io::AsyncWriteExt;
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}queue: {{max_waiting: 4, timeout_ms: 10000}}\nhealth_check: {{enabled: false}}\n",
-        peers_yaml(&[&up], Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .max_in_flight(1)
+        .max_waiting(4)
+        .queue_timeout_ms(10000)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     let held = open_stream(&proxy, 10, 100).await;
     let body = chat("s", "the one who leaves", 1, false);
@@ -1173,10 +1173,10 @@ async fn raw_status(proxy: &Proxy, head: &str, body: &[u8]) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_content_length_is_a_length() {
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}limits: {{max_body_bytes: 100000}}\nhealth_check: {{enabled: false}}\n",
-        peers_yaml(&[&up], None)
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .max_body_bytes(100000)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     let head = |n: usize| format!("POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-length: {n}, {n}");
     let big = sized_body(150_000);
@@ -1196,10 +1196,10 @@ async fn a_repeated_content_length_is_a_length() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_trickles_in_gets_408_at_the_peek_deadline() {
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}routing: {{peek_timeout_ms: 500}}\nhealth_check: {{enabled: false}}\n",
-        peers_yaml(&[&up], None)
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .peek_timeout_ms(500)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     let start = Instant::now();
     // Ten bytes of a thousand, then nothing: each read waits far less than Pingora's 60 s.
@@ -1217,7 +1217,7 @@ async fn a_body_that_trickles_in_gets_408_at_the_peek_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_see_who_asked_and_the_request_id_goes_both_ways() {
     let up = start_upstream("a").await;
-    let proxy = start_proxy(&format!("{}access_log: plain\n", peers_yaml(&[&up], None))).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&[&up]).access_log("plain")).await;
     let c = client();
     let sent = c
         .post(proxy.url(CHAT))
@@ -1252,10 +1252,11 @@ async fn engines_see_who_asked_and_the_request_id_goes_both_ways() {
     assert!(log.contains("request_id=client-id-1"), "{log}");
     assert!(log.contains(&format!("request_id={made_id}")), "{log}");
 
-    let trusting = start_proxy(&format!(
-        "{}forwarding: {{trusted_proxies: [127.0.0.0/8]}}\n",
-        peers_yaml(&[&up], None)
-    ))
+    let trusting = start_proxy(
+        &TestConfig::new()
+            .peers(&[&up])
+            .trusted_proxies(&["127.0.0.0/8"]),
+    )
     .await;
     c.post(trusting.url(CHAT))
         .header("x-forwarded-for", "203.0.113.9")
@@ -1272,7 +1273,7 @@ async fn engines_see_who_asked_and_the_request_id_goes_both_ways() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engines_own_controls_are_not_reachable_through_the_balancer() {
     let up = start_upstream("a").await;
-    let proxy = start_proxy(&peers_yaml(&[&up], None)).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&[&up])).await;
     let c = client();
     for path in [
         "/start_profile",
@@ -1299,11 +1300,7 @@ async fn an_engines_own_controls_are_not_reachable_through_the_balancer() {
     assert!(up.seen().is_empty(), "{:?}", up.seen());
     let r = c.get(proxy.url("/v1/models")).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    let open = start_proxy(&format!(
-        "{}forwarding: {{allowed_paths: null}}\n",
-        peers_yaml(&[&up], None)
-    ))
-    .await;
+    let open = start_proxy(&TestConfig::new().peers(&[&up]).forward_every_path()).await;
     let r = c
         .post(open.url("/start_profile"))
         .body("{}")
@@ -1317,10 +1314,11 @@ async fn an_engines_own_controls_are_not_reachable_through_the_balancer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_list_is_answered_while_every_slot_is_taken() {
     let up = start_upstream("a").await;
-    let cfg = format!(
-        "{}queue: {{max_waiting: 0}}\nhealth_check: {{enabled: false}}\n",
-        peers_yaml(&[&up], Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .max_in_flight(1)
+        .max_waiting(0)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     let held = open_stream(&proxy, 30, 100).await;
     let c = client();
@@ -1346,7 +1344,7 @@ async fn raw_exchange(proxy: &Proxy, request: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_1_0_client_gets_its_stream_close_delimited() {
     let up = start_upstream("a").await;
-    let proxy = start_proxy(&peers_yaml(&[&up], None)).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&[&up])).await;
     let body = chat("s", "an old client", 1, true);
     let request = format!(
         "POST {CHAT} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nx-mock-events: 3\r\nx-mock-interval-ms: 20\r\n\r\n{body}",
@@ -1379,10 +1377,12 @@ async fn pipelined_requests_are_answered_in_order() {
     let up = start_upstream("a").await;
     // One slot, taken for a while: the first request waits in line while the others are
     // already in the proxy's read buffer, which watching for the client's close must not eat.
-    let cfg = format!(
-        "{}queue: {{max_waiting: 4, timeout_ms: 10000}}\nhealth_check: {{enabled: false}}\n",
-        peers_yaml(&[&up], Some(1))
-    );
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .max_in_flight(1)
+        .max_waiting(4)
+        .queue_timeout_ms(10000)
+        .no_health_check();
     let proxy = start_proxy(&cfg).await;
     let held = open_stream(&proxy, 5, 100).await;
     let release = tokio::spawn(async move {

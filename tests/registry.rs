@@ -119,11 +119,11 @@ async fn register(
         .await
 }
 
-fn registry_config(redis: &Redis, allow_empty: bool) -> String {
-    format!(
-        "discovery: {{redis: {{url: \"{}\", interval_ms: 200}}, allow_empty: {allow_empty}}}\nhealth_check: {{enabled: false}}\n",
-        redis.url()
-    )
+fn registry_config(redis: &Redis, allow_empty: bool) -> TestConfig {
+    TestConfig::new()
+        .redis(&redis.url(), 200)
+        .allow_empty(allow_empty)
+        .no_health_check()
 }
 
 /// Waits (at most `limit`) until the proxy's peers, address to weight, are `want`.

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -39,6 +40,10 @@ impl Drop for Owned {
     }
 }
 
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
 fn spawn(dir: &Path, name: &str, upgrade: bool) -> Owned {
     let mut cmd = Command::new(binary());
     cmd.arg("-l")
@@ -59,20 +64,15 @@ fn spawn(dir: &Path, name: &str, upgrade: bool) -> Owned {
 /// Writes the configuration every generation shares (listening on `port`, a JSON access log,
 /// `lb` added, and a long grace period: every old process must end long before it, when its
 /// work is done), and starts the first generation, "p0".
-async fn start_first(dir: &Path, port: u16, lb: &str) -> Owned {
-    std::fs::write(
-        dir.join("prefixlb.yaml"),
-        format!("listen: [\"127.0.0.1:{port}\"]\naccess_log: json\n{lb}"),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("pingora.yaml"),
-        format!(
-            "version: 1\nthreads: 2\npid_file: {d}/prefixlb.pid\nupgrade_sock: {d}/upgrade.sock\ngrace_period_seconds: 60\ngraceful_shutdown_timeout_seconds: 5\n",
-            d = dir.display()
-        ),
-    )
-    .unwrap();
+async fn start_first(dir: &Path, port: u16, lb: TestConfig) -> Owned {
+    let lb = lb.listen_on(loopback(port)).access_log("json");
+    std::fs::write(dir.join("prefixlb.yaml"), lb.to_yaml()).unwrap();
+    let pingora = PingoraConfig::new()
+        .threads(2)
+        .pid_file(&dir.join("prefixlb.pid"))
+        .upgrade_sock(&dir.join("upgrade.sock"))
+        .grace_seconds(60, 5);
+    std::fs::write(dir.join("pingora.yaml"), pingora.to_yaml()).unwrap();
     let first = spawn(dir, "p0", false);
     wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
     first
@@ -187,10 +187,7 @@ async fn twenty_upgrades_under_keep_alive_and_fresh_load_fail_nothing() {
     let mut current = start_first(
         dir.path(),
         port,
-        &format!(
-            "admin: {{listen: \"127.0.0.1:{admin}\"}}\n{}",
-            peers_yaml(&ups, None)
-        ),
+        TestConfig::new().admin_on(loopback(admin)).peers(&ups),
     )
     .await;
 
@@ -366,14 +363,12 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
     let up = start_upstream("a").await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    std::fs::write(
-        dir.path().join("prefixlb.yaml"),
-        format!(
-            "listen: [\"127.0.0.1:{port}\"]\nadmin: {{listen: null}}\nhealth_check: {{enabled: false}}\n{}",
-            peers_yaml(&[&up], None)
-        ),
-    )
-    .unwrap();
+    let lb = TestConfig::new()
+        .listen_on(loopback(port))
+        .no_admin()
+        .no_health_check()
+        .peers(&[&up]);
+    std::fs::write(dir.path().join("prefixlb.yaml"), lb.to_yaml()).unwrap();
     let shipped = std::fs::read_to_string("systemd/pingora.yaml").unwrap();
     std::fs::write(
         dir.path().join("pingora.yaml"),
@@ -459,10 +454,11 @@ async fn no_gpu_goes_over_max_in_flight_while_streams_span_upgrades() {
     let mut current = start_first(
         dir.path(),
         port,
-        &format!(
-            "admin: {{listen: null}}\nhealth_check: {{enabled: false}}\n{}",
-            peers_yaml(&ups, Some(2))
-        ),
+        TestConfig::new()
+            .no_admin()
+            .no_health_check()
+            .peers(&ups)
+            .max_in_flight(2),
     )
     .await;
     // Twice the cluster's four slots in streams, always: every process has a waiting line.
@@ -518,18 +514,19 @@ async fn no_gpu_goes_over_max_in_flight_while_streams_span_upgrades() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgraded_process_hears_the_other_replicas() {
     let ups = upstreams::<2>().await;
-    let peers = peers_yaml(&ups, None);
-    let told = replicas_yaml(2);
-    let sibling = start_proxy(&format!("{peers}{}", told[1])).await;
+    let peers = TestConfig::new().peers(&ups);
+    let told = replicas(2);
+    let sibling = start_proxy(&peers.clone().replica(&told[1])).await;
     let dir = tempfile::tempdir().unwrap();
     let (port, admin) = (free_port(), free_port());
     let old = start_first(
         dir.path(),
         port,
-        &format!(
-            "admin: {{listen: \"127.0.0.1:{admin}\"}}\nhealth_check: {{enabled: false}}\nengine_metrics: {{enabled: false}}\n{peers}{}",
-            told[0]
-        ),
+        peers
+            .admin_on(loopback(admin))
+            .no_health_check()
+            .engine_metrics(false)
+            .replica(&told[0]),
     )
     .await;
     let new = spawn(dir.path(), "p1", true);

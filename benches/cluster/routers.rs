@@ -125,20 +125,28 @@ impl Router {
                 exchange,
                 ..
             } => {
-                let config = format!(
-                    "{}routing: {{policy: {policy}, prefill_tokens_per_second: {PREFILL_TOKENS_PER_SEC}, shared_prefix_placement: {placement}}}\nhealth_check: {{enabled: false}}\nengine_metrics: {{enabled: true}}\n",
-                    peers_yaml_at(gpus.iter().copied(), Some(MAX_IN_FLIGHT))
-                );
+                let config = TestConfig::new()
+                    .peers_at(gpus.iter().copied())
+                    .max_in_flight(MAX_IN_FLIGHT)
+                    .policy(policy)
+                    .prefill_tokens_per_second(PREFILL_TOKENS_PER_SEC)
+                    .shared_prefix_placement(placement)
+                    .no_health_check()
+                    .engine_metrics(true);
                 let told = if exchange {
-                    replicas_yaml(replicas)
+                    common::replicas(replicas).into_iter().map(Some).collect()
                 } else {
-                    vec![String::new(); replicas]
+                    vec![None; replicas]
                 };
                 let mut proxies = Vec::new();
                 for told in told {
+                    let config = match told {
+                        Some(replica) => config.clone().replica(&replica),
+                        None => config.clone(),
+                    };
                     // The access log stays on, as by default: its cost is part of what is
                     // measured.
-                    proxies.push(start_proxy(&format!("{config}{told}")).await);
+                    proxies.push(start_proxy(&config).await);
                 }
                 let addrs = proxies.iter().map(|p| p.addr).collect();
                 Ok((addrs, Running::Prefixlb(proxies)))

@@ -1,6 +1,6 @@
 //! Test support, for the tests and the benchmarks alike (benches include this file): mock
 //! inference servers (a GPU server is the one peer we do not own) and the real `prefixlb`
-//! binary on ephemeral loopback ports.
+//! binary on ephemeral loopback ports, configured through the typed builders of `config`.
 
 #![allow(dead_code)]
 
@@ -19,6 +19,10 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use sha2::{Digest, Sha256};
+
+mod config;
+
+pub use config::*;
 
 /// What a mock upstream saw of one request.
 #[derive(Debug, Clone)]
@@ -386,30 +390,6 @@ pub fn free_port() -> u16 {
     free_addr().port()
 }
 
-/// The `replicas:` setting of each of `n` prefixlb processes that tell each other where
-/// prompts went, on loopback UDP ports free when looked up.
-pub fn replicas_yaml(n: usize) -> Vec<String> {
-    // All held until all are known, so that no two are the same.
-    let sockets: Vec<_> = (0..n)
-        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let addrs: Vec<SocketAddr> = sockets.iter().map(|s| s.local_addr().unwrap()).collect();
-    addrs
-        .iter()
-        .map(|me| {
-            let others: Vec<String> = addrs
-                .iter()
-                .filter(|a| *a != me)
-                .map(|a| format!("\"{a}\""))
-                .collect();
-            format!(
-                "replicas: {{listen: \"{me}\", others: [{}]}}\n",
-                others.join(", ")
-            )
-        })
-        .collect()
-}
-
 /// The value of a sample in Prometheus text, named as written there (labels included); 0 when
 /// absent.
 pub fn sample(text: &str, name: &str) -> f64 {
@@ -489,6 +469,15 @@ impl Proxy {
     /// The path of the proxy's own configuration file.
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("prefixlb.yaml")
+    }
+
+    /// Rewrites the proxy's configuration file as `config`, on the ports it has.
+    pub fn rewrite_config(&self, config: &TestConfig) {
+        std::fs::write(
+            self.config_path(),
+            proxy_file(config, self.addr, self.admin),
+        )
+        .unwrap();
     }
 
     /// What the proxy wrote to standard output: its access log.
@@ -606,18 +595,14 @@ pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_prefixlb"))
 }
 
-/// Starts the proxy with `config` (YAML, without `listen` and `admin`), and waits until it
+/// Starts the proxy with `config` (its ports are the spawner's to set), and waits until it
 /// answers.
-pub async fn start_proxy(config: &str) -> Proxy {
-    start_proxy_with(
-        config,
-        "grace_period_seconds: 1\ngraceful_shutdown_timeout_seconds: 1\n",
-    )
-    .await
+pub async fn start_proxy(config: &TestConfig) -> Proxy {
+    start_proxy_with(config, &PingoraConfig::new().grace_seconds(1, 1)).await
 }
 
-/// [`start_proxy`] with `pingora` (YAML) added to Pingora's own settings.
-pub async fn start_proxy_with(config: &str, pingora: &str) -> Proxy {
+/// [`start_proxy`] with Pingora's settings `pingora`.
+pub async fn start_proxy_with(config: &TestConfig, pingora: &PingoraConfig) -> Proxy {
     // On ports another test took in the meantime it fails to start: again, on others.
     for _ in 0..2 {
         let mut proxy = spawn_proxy(config, pingora);
@@ -631,47 +616,49 @@ pub async fn start_proxy_with(config: &str, pingora: &str) -> Proxy {
 }
 
 /// Starts the proxy without waiting for it.
-pub fn spawn_proxy(config: &str, pingora: &str) -> Proxy {
+pub fn spawn_proxy(config: &TestConfig, pingora: &PingoraConfig) -> Proxy {
     spawn_proxy_adjusted(config, pingora, |_| {})
 }
 
+/// `config` as the proxy on `addr` with its admin API on `admin` reads it. Listeners the
+/// configuration sets without an address serve on `addr`, and it serves there alone when it
+/// sets none. Engine metrics are not read unless `config` sets them: a mock counts a stream
+/// until its next event fails to go out, a moment after the proxy gave its slot back, and tests
+/// count slots exactly.
+fn proxy_file(config: &TestConfig, addr: SocketAddr, admin: SocketAddr) -> String {
+    let mut config = config.clone().admin_on(admin);
+    config = if config.has_listeners() {
+        config.address_listeners(addr)
+    } else {
+        config.listen_on(addr)
+    };
+    if !config.has_engine_metrics() {
+        config = config.engine_metrics(false);
+    }
+    config.to_yaml()
+}
+
 /// [`spawn_proxy`], with `adjust` applied to the command first. Pingora's `threads` is 2 unless
-/// `pingora` sets it; engine metrics are not read unless `config` turns them on: a mock counts a
-/// stream until its next event fails to go out, a moment after the proxy gave its slot back,
-/// and tests count slots exactly.
+/// `pingora` sets it.
 pub fn spawn_proxy_adjusted(
-    config: &str,
-    pingora: &str,
+    config: &TestConfig,
+    pingora: &PingoraConfig,
     adjust: impl FnOnce(&mut Command),
 ) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
-    let (port, admin_port) = (free_port(), free_port());
-    let engine = if config.contains("engine_metrics:") {
-        ""
-    } else {
-        "engine_metrics: {enabled: false}\n"
-    };
-    // A configuration with listeners of its own writes `{port}` for the proxy's port.
-    let listen = if config.lines().any(|l| l.starts_with("listen:")) {
-        String::new()
-    } else {
-        format!("listen: [\"127.0.0.1:{port}\"]\n")
-    };
-    let config = config.replace("{port}", &port.to_string());
-    let lb = format!("{listen}admin: {{listen: \"127.0.0.1:{admin_port}\"}}\n{engine}{config}");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let lb_path = dir.path().join("prefixlb.yaml");
-    std::fs::write(&lb_path, lb).unwrap();
-    let threads = if pingora.contains("threads:") {
-        ""
-    } else {
-        "threads: 2\n"
-    };
-    let pingora = format!(
-        "version: 1\n{threads}pid_file: {d}/p.pid\nupgrade_sock: {d}/u.sock\n{pingora}",
-        d = dir.path().display()
-    );
+    std::fs::write(&lb_path, proxy_file(config, addr, admin)).unwrap();
+    let mut pingora = pingora
+        .clone()
+        .pid_file(&dir.path().join("p.pid"))
+        .upgrade_sock(&dir.path().join("u.sock"));
+    if !pingora.has_threads() {
+        pingora = pingora.threads(2);
+    }
     let pingora_path = dir.path().join("pingora.yaml");
-    std::fs::write(&pingora_path, pingora).unwrap();
+    std::fs::write(&pingora_path, pingora.to_yaml()).unwrap();
     let mut command = Command::new(binary());
     adjust(&mut command);
     let child = command
@@ -689,8 +676,8 @@ pub fn spawn_proxy_adjusted(
         .unwrap();
     Proxy {
         child,
-        addr: format!("127.0.0.1:{port}").parse().unwrap(),
-        admin: format!("127.0.0.1:{admin_port}").parse().unwrap(),
+        addr,
+        admin,
         dir,
     }
 }
@@ -718,29 +705,6 @@ pub async fn exits(child: &mut Child, limit: Duration) -> Instant {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-/// `peers:` YAML for these upstreams.
-pub fn peers_yaml<U: std::borrow::Borrow<Upstream>>(
-    ups: &[U],
-    max_in_flight: Option<u32>,
-) -> String {
-    peers_yaml_at(ups.iter().map(|u| u.borrow().addr), max_in_flight)
-}
-
-/// `peers:` YAML for servers at these addresses.
-pub fn peers_yaml_at(
-    addrs: impl IntoIterator<Item = SocketAddr>,
-    max_in_flight: Option<u32>,
-) -> String {
-    let mut s = String::from("peers:\n");
-    for addr in addrs {
-        s.push_str(&format!("  - addr: \"{addr}\"\n"));
-        if let Some(m) = max_in_flight {
-            s.push_str(&format!("    max_in_flight: {m}\n"));
-        }
-    }
-    s
 }
 
 /// Mock upstreams named "a", "b", "c", ...
