@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::Error;
 use crate::metrics;
 use crate::routing::{PeerSpec, Weight, UNLIMITED};
 use crate::settings::Registry;
@@ -41,7 +41,7 @@ fn one() -> u32 {
 }
 
 impl RegistrySource {
-    pub fn new(settings: &Registry) -> Result<Self, ConfigError> {
+    pub fn new(settings: &Registry) -> Result<Self, Error> {
         Ok(Self {
             client: client(&settings.url, "discovery.redis.url")?,
             settings: settings.clone(),
@@ -61,7 +61,7 @@ impl RegistrySource {
         self.settings.interval
     }
 
-    pub async fn read(&mut self) -> Result<Vec<PeerSpec>, ConfigError> {
+    pub async fn read(&mut self) -> Result<Vec<PeerSpec>, Error> {
         let round = tokio::time::timeout(REGISTRY_TIMEOUT, self.round()).await;
         let result = match round {
             Ok(r) => r,
@@ -71,7 +71,7 @@ impl RegistrySource {
             // The next round connects afresh.
             self.connection = None;
             metrics::REGISTRY_FAILURES.inc();
-            ConfigError::new(
+            Error::new(
                 "discovery.redis",
                 format!("{}: {e}", self.settings.url_without_secret()),
             )
@@ -176,8 +176,8 @@ async fn connected<'a>(
     }
 }
 
-fn client(url: &str, field: &str) -> Result<redis::Client, ConfigError> {
-    redis::Client::open(url).map_err(|e| ConfigError::new(field, e.to_string()))
+fn client(url: &str, field: &str) -> Result<redis::Client, Error> {
+    redis::Client::open(url).map_err(|e| Error::new(field, e.to_string()))
 }
 
 /// The key a node is registered under.
@@ -202,13 +202,12 @@ impl Heartbeat {
         advertise: &str,
         entry: &RegistryEntry,
         ttl: Duration,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, Error> {
         Ok(Self {
             client: client(url, "--redis")?,
             connection: None,
             key: key(prefix, advertise),
-            value: serde_json::to_string(entry)
-                .map_err(|e| ConfigError::new("entry", e.to_string()))?,
+            value: serde_json::to_string(entry).map_err(|e| Error::new("entry", e.to_string()))?,
             ttl,
         })
     }

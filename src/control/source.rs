@@ -12,7 +12,8 @@ use hickory_resolver::TokioResolver;
 
 use super::registry::RegistrySource;
 use super::watch::SettledFile;
-use crate::config::{self, ConfigError};
+use crate::config;
+use crate::error::Error;
 use crate::routing::{PeerSpec, Weight};
 use crate::settings::{Discovery, Dns, DnsQuery};
 
@@ -37,7 +38,7 @@ pub struct DnsSource {
 }
 
 impl PeerSource {
-    pub fn new(discovery: &Discovery, config_path: &Path) -> Result<Self, ConfigError> {
+    pub fn new(discovery: &Discovery, config_path: &Path) -> Result<Self, Error> {
         let file = |path: &Path, interval: Duration| FileSource {
             file: SettledFile::new(path.to_owned()),
             interval,
@@ -94,7 +95,7 @@ impl PeerSource {
 
     /// The peers the source lists now; `Ok(None)` when a file is unchanged since the last read
     /// and `force` is off.
-    pub async fn load(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError> {
+    pub async fn load(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, Error> {
         let (text, whole_config) = match self {
             PeerSource::Dns(d) => return d.resolve().await.map(Some),
             PeerSource::Redis(r) => return r.read().await.map(Some),
@@ -113,8 +114,8 @@ impl PeerSource {
             }
         })
         .await
-        .map_err(|e| ConfigError::new("", format!("reading the peers failed: {e}")))?;
-        parsed.map(Some)
+        .map_err(|e| Error::new("", format!("reading the peers failed: {e}")))?;
+        Ok(Some(parsed?))
     }
 }
 
@@ -122,7 +123,7 @@ impl DnsSource {
     /// A resolver for one round of lookups. Its sockets belong to the runtime it is built on,
     /// and the first load runs on another runtime than the control plane: a resolver per round
     /// keeps each on its own.
-    fn resolver(&self) -> Result<TokioResolver, ConfigError> {
+    fn resolver(&self) -> Result<TokioResolver, Error> {
         let provider = TokioRuntimeProvider::default();
         let mut builder = match self.settings.nameserver {
             Some(ns) => {
@@ -136,22 +137,21 @@ impl DnsSource {
                     provider,
                 )
             }
-            None => TokioResolver::builder(provider).map_err(|e| {
-                ConfigError::new("discovery.dns", format!("no system resolver: {e}"))
-            })?,
+            None => TokioResolver::builder(provider)
+                .map_err(|e| Error::new("discovery.dns", format!("no system resolver: {e}")))?,
         };
         // prefixlb asks again every interval: that, not the record TTL, is how fresh it is.
         builder.options_mut().cache_size = 0;
-        builder.build().map_err(|e| {
-            ConfigError::new("discovery.dns", format!("cannot build the resolver: {e}"))
-        })
+        builder
+            .build()
+            .map_err(|e| Error::new("discovery.dns", format!("cannot build the resolver: {e}")))
     }
 
-    async fn resolve(&mut self) -> Result<Vec<PeerSpec>, ConfigError> {
+    async fn resolve(&mut self) -> Result<Vec<PeerSpec>, Error> {
         let c = &self.settings;
         let resolver = self.resolver()?;
         let fail = |e: hickory_resolver::net::NetError| {
-            ConfigError::new("discovery.dns.name", format!("resolving {}: {e}", c.name))
+            Error::new("discovery.dns.name", format!("resolving {}: {e}", c.name))
         };
         let peer = |addr, weight| PeerSpec {
             addr,
