@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::access_log::AccessLogFormat;
 use crate::routing::{
     Balance, Fallback, KeyConfig, KeySource, OutlierPolicy, Policy, QueueLimit, RingConfig, Weight,
 };
+use crate::settings::AccessLogFormat;
 use crate::settings::{
     self, AdminSettings, Discovery, Dns, ForwardingSettings, PeekLimits, ProxySettings, Settings,
 };

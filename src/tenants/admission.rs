@@ -24,7 +24,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Tenant {
-    pub(super) fn new(name: String, limits: Limits) -> Self {
+    pub(crate) fn new(name: String, limits: Limits) -> Self {
         Self {
             name,
             limits: Mutex::new(limits),
@@ -43,7 +43,7 @@ impl Tenant {
     }
 
     /// The limits a reloaded file gives the tenant; what it spends now stays.
-    pub(super) fn set_limits(&self, limits: Limits) {
+    pub(crate) fn set_limits(&self, limits: Limits) {
         *lock(&self.limits) = limits;
     }
 

@@ -42,17 +42,17 @@ impl OverLimit {
 
 /// The longest wait a refusal names: beyond it, a client is better told to come back later
 /// than given a date.
-pub(super) const LONGEST_WAIT: Duration = Duration::from_secs(3600);
+pub(crate) const LONGEST_WAIT: Duration = Duration::from_secs(3600);
 
 /// A token bucket that holds a second's allowance and may be overdrawn by one take.
 #[derive(Debug)]
-pub(super) struct Bucket {
+pub(crate) struct Bucket {
     tokens: f64,
     at: Instant,
 }
 
 impl Bucket {
-    pub(super) fn full(rate: f64, now: Instant) -> Self {
+    pub(crate) fn full(rate: f64, now: Instant) -> Self {
         Self {
             tokens: rate.max(1.0),
             at: now,
@@ -61,7 +61,7 @@ impl Bucket {
 
     /// Takes `cost` once the bucket holds it, or a full bucket for a cost larger than that
     /// (which overdraws it); otherwise says how long until it does.
-    pub(super) fn take(&mut self, rate: f64, cost: f64, now: Instant) -> Result<(), Duration> {
+    pub(crate) fn take(&mut self, rate: f64, cost: f64, now: Instant) -> Result<(), Duration> {
         let capacity = rate.max(1.0);
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.tokens = (self.tokens + elapsed * rate).min(capacity);
