@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::metrics;
+use crate::metrics::counters::ACCESS_LOG_DROPPED;
 use crate::settings::AccessLogFormat;
 
 /// Lines that may wait for the writer: a few seconds of a busy proxy.
@@ -133,7 +133,7 @@ impl AccessLog {
         PENDING.fetch_add(1, Ordering::AcqRel);
         if lines.try_send(line).is_err() {
             PENDING.fetch_sub(1, Ordering::AcqRel);
-            metrics::ACCESS_LOG_DROPPED.inc();
+            ACCESS_LOG_DROPPED.inc();
         }
     }
 }
