@@ -24,11 +24,17 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            f.write_str(&self.reason)
-        } else {
-            write!(f, "{}: {}", self.field, self.reason)
-        }
+        write_located(f, &self.field, &self.reason)
+    }
+}
+
+/// `field: reason`, or the reason alone for an input as a whole: how the crate's error and the
+/// configuration's name a fault alike.
+pub(crate) fn write_located(f: &mut fmt::Formatter<'_>, field: &str, reason: &str) -> fmt::Result {
+    if field.is_empty() {
+        f.write_str(reason)
+    } else {
+        write!(f, "{field}: {reason}")
     }
 }
 

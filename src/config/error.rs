@@ -20,11 +20,7 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            f.write_str(&self.reason)
-        } else {
-            write!(f, "{}: {}", self.field, self.reason)
-        }
+        crate::error::write_located(f, &self.field, &self.reason)
     }
 }
 
