@@ -11,24 +11,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
-use crate::metrics;
+use serde::Serialize;
+
+use crate::metrics::counters::ACCESS_LOG_DROPPED;
+use crate::settings::AccessLogFormat;
 
 /// Lines that may wait for the writer: a few seconds of a busy proxy.
 const QUEUE: usize = 16 * 1024;
 
 /// Lines queued and not yet written, across every log of this process.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
-
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AccessLogFormat {
-    #[default]
-    Plain,
-    Json,
-    Off,
-}
 
 #[derive(Debug, Serialize)]
 pub struct Entry<'a> {
@@ -141,7 +133,7 @@ impl AccessLog {
         PENDING.fetch_add(1, Ordering::AcqRel);
         if lines.try_send(line).is_err() {
             PENDING.fetch_sub(1, Ordering::AcqRel);
-            metrics::ACCESS_LOG_DROPPED.inc();
+            ACCESS_LOG_DROPPED.inc();
         }
     }
 }

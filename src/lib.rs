@@ -5,6 +5,7 @@ pub mod access_log;
 pub mod admin;
 pub mod config;
 pub mod control;
+pub mod error;
 pub mod lifecycle;
 pub mod metrics;
 pub mod proxy;

@@ -16,7 +16,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use crate::config::ConfigError;
+use crate::error::Error;
 use crate::routing::Peer;
 use crate::settings::{TlsFiles, UpstreamTls};
 use pingora::upstreams::peer::HttpPeer;
@@ -28,14 +28,14 @@ pub struct CertStore {
 }
 
 impl CertStore {
-    pub fn new(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, ConfigError> {
+    pub fn new(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, Error> {
         Ok(Self {
             current: ArcSwap::from_pointee(certified_key(cert_pem, key_pem)?),
         })
     }
 
     /// Takes a new pair, once it is whole and its key matches its certificate.
-    pub fn replace(&self, cert_pem: &[u8], key_pem: &[u8]) -> Result<(), ConfigError> {
+    pub fn replace(&self, cert_pem: &[u8], key_pem: &[u8]) -> Result<(), Error> {
         self.current
             .store(Arc::new(certified_key(cert_pem, key_pem)?));
         Ok(())
@@ -58,31 +58,31 @@ impl ResolvesServerCert for CertStore {
     }
 }
 
-fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, ConfigError> {
+fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, Error> {
     let chain = certificates(cert_pem, "tls.cert")?;
     let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|e| ConfigError::new("tls.key", format!("no private key in PEM: {e}")))?;
+        .map_err(|e| Error::new("tls.key", format!("no private key in PEM: {e}")))?;
     let provider = rustls::crypto::ring::default_provider();
     CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
-        ConfigError::new(
+        Error::new(
             "tls",
             format!("certificate and key do not go together: {e}"),
         )
     })
 }
 
-fn certificates(pem: &[u8], field: &str) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+fn certificates(pem: &[u8], field: &str) -> Result<Vec<CertificateDer<'static>>, Error> {
     let chain = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ConfigError::new(field, format!("unreadable PEM: {e}")))?;
+        .map_err(|e| Error::new(field, format!("unreadable PEM: {e}")))?;
     if chain.is_empty() {
-        return Err(ConfigError::new(field, "no certificate in PEM"));
+        return Err(Error::new(field, "no certificate in PEM"));
     }
     Ok(chain)
 }
 
 /// The CA certificates an engine's certificate is checked against, in Pingora's form.
-pub fn ca_bundle(pem: &[u8]) -> Result<Arc<[WrappedX509]>, ConfigError> {
+pub fn ca_bundle(pem: &[u8]) -> Result<Arc<[WrappedX509]>, Error> {
     let field = "upstream.tls.ca_file";
     certificates(pem, field)?
         .into_iter()
@@ -90,7 +90,7 @@ pub fn ca_bundle(pem: &[u8]) -> Result<Arc<[WrappedX509]>, ConfigError> {
             // Pingora's parser panics on what it cannot read: rustls reads it first.
             rustls::RootCertStore::empty()
                 .add(der.clone())
-                .map_err(|e| ConfigError::new(field, format!("not a CA certificate: {e}")))?;
+                .map_err(|e| Error::new(field, format!("not a CA certificate: {e}")))?;
             Ok(WrappedX509::new(der.to_vec(), |raw| {
                 pingora::utils::tls::parse_x509(raw)
             }))

@@ -134,7 +134,10 @@ impl Router {
                     .no_health_check()
                     .engine_metrics(true);
                 let told = if exchange {
-                    common::replicas(replicas).into_iter().map(Some).collect()
+                    crate::common::replicas(replicas)
+                        .into_iter()
+                        .map(Some)
+                        .collect()
                 } else {
                     vec![None; replicas]
                 };

@@ -20,12 +20,22 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            f.write_str(&self.reason)
-        } else {
-            write!(f, "{}: {}", self.field, self.reason)
-        }
+        crate::error::write_located(f, &self.field, &self.reason)
     }
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Outside the configuration, a configuration error is the crate's error at the same field.
+impl From<ConfigError> for crate::error::Error {
+    fn from(e: ConfigError) -> Self {
+        Self::new(e.field, e.reason)
+    }
+}
+
+/// An input the configuration reads (a CA bundle) fails at the field that names it.
+impl From<crate::error::Error> for ConfigError {
+    fn from(e: crate::error::Error) -> Self {
+        Self::new(e.field, e.reason)
+    }
+}

@@ -28,7 +28,7 @@ use pingora_load_balancing::discovery::ServiceDiscovery;
 use pingora_load_balancing::{Backend, Backends, HealthRegistry};
 use tokio::sync::Mutex;
 
-use crate::config::ConfigError;
+use crate::error::Error;
 use crate::metrics;
 use crate::router::Router;
 use crate::settings::{HealthCheck, UpstreamTls};
@@ -113,7 +113,7 @@ impl ControlPlane {
 
     /// Reads the peer source again and swaps in a new cluster if the list changed. An invalid
     /// list leaves the current one in place. Returns whether the peers changed.
-    pub async fn reload(&self, force: bool) -> Result<bool, ConfigError> {
+    pub async fn reload(&self, force: bool) -> Result<bool, Error> {
         let mut source = self.source.lock().await;
         let loaded = source.peers(force).await.inspect_err(|_| {
             metrics::RELOADS.with_label_values(&["error"]).inc();
@@ -124,7 +124,7 @@ impl ControlPlane {
         let current = self.router.cluster().peers().len();
         if specs.is_empty() && current > 0 && !self.allow_empty {
             metrics::RELOADS.with_label_values(&["error"]).inc();
-            return Err(ConfigError::new(
+            return Err(Error::new(
                 "peers",
                 format!(
                     "the new list is empty: keeping the {current} current peers (discovery.allow_empty: true allows an empty list)"

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::Error;
 
 /// Longest one round of the registry may take: a Redis that hangs is a Redis that fails.
 const REGISTRY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -55,8 +55,8 @@ pub(crate) async fn connected<'a>(
     }
 }
 
-pub(crate) fn client(url: &str, field: &str) -> Result<redis::Client, ConfigError> {
-    redis::Client::open(url).map_err(|e| ConfigError::new(field, e.to_string()))
+pub(crate) fn client(url: &str, field: &str) -> Result<redis::Client, Error> {
+    redis::Client::open(url).map_err(|e| Error::new(field, e.to_string()))
 }
 
 /// The key a node is registered under.
@@ -81,13 +81,12 @@ impl Heartbeat {
         advertise: &str,
         entry: &RegistryEntry,
         ttl: Duration,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, Error> {
         Ok(Self {
             client: client(url, "--redis")?,
             connection: None,
             key: key(prefix, advertise),
-            value: serde_json::to_string(entry)
-                .map_err(|e| ConfigError::new("entry", e.to_string()))?,
+            value: serde_json::to_string(entry).map_err(|e| Error::new("entry", e.to_string()))?,
             ttl,
         })
     }

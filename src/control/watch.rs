@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::config::ConfigError;
+use crate::error::Error;
 use crate::metrics;
 use crate::tenants::Tenants;
 use crate::tls::CertStore;
@@ -37,17 +37,16 @@ impl SettledFile {
     }
 
     /// The file's text and inode.
-    async fn read(&self) -> Result<(String, u64), ConfigError> {
-        let fail = |e: std::io::Error| {
-            ConfigError::new("", format!("cannot read {}: {e}", self.path.display()))
-        };
+    async fn read(&self) -> Result<(String, u64), Error> {
+        let fail =
+            |e: std::io::Error| Error::new("", format!("cannot read {}: {e}", self.path.display()));
         let meta = tokio::fs::metadata(&self.path).await.map_err(fail)?;
         let text = tokio::fs::read_to_string(&self.path).await.map_err(fail)?;
         Ok((text, std::os::unix::fs::MetadataExt::ino(&meta)))
     }
 
     /// The file's text when it changed since the last call (always, with `force`).
-    pub async fn changed(&mut self, force: bool) -> Result<Option<String>, ConfigError> {
+    pub async fn changed(&mut self, force: bool) -> Result<Option<String>, Error> {
         let read = self.read().await?;
         let in_place = match &self.last {
             Some((text, _)) if !force && *text == read.0 => return Ok(None),
@@ -100,7 +99,7 @@ pub trait Watched: Send + Sync {
     fn kind(&self) -> &'static str;
     /// Reads the files again if they changed (or with `force`) and applies them; `Ok(false)`
     /// when nothing changed.
-    async fn check(&mut self, force: bool) -> Result<bool, ConfigError>;
+    async fn check(&mut self, force: bool) -> Result<bool, Error>;
 }
 
 /// The API keys file, applied to the tenants.
@@ -119,7 +118,7 @@ impl Watched for KeysFile {
         format!("API keys {}", self.file.path().display())
     }
 
-    async fn check(&mut self, force: bool) -> Result<bool, ConfigError> {
+    async fn check(&mut self, force: bool) -> Result<bool, Error> {
         let Some(text) = self.file.changed(force).await? else {
             return Ok(false);
         };
@@ -149,7 +148,7 @@ impl Watched for CertFiles {
         format!("certificate {}", self.cert.path().display())
     }
 
-    async fn check(&mut self, force: bool) -> Result<bool, ConfigError> {
+    async fn check(&mut self, force: bool) -> Result<bool, Error> {
         // Both are read every time, so that each knows its last text; when either cannot be
         // read, both are read again next time, so that a half taken now is not lost.
         let cert = self.cert.changed(force).await;

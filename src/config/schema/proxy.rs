@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::defaults::ms;
-use crate::access_log::AccessLogFormat;
 use crate::routing::QueueLimit;
+use crate::settings::AccessLogFormat;
 use crate::settings::{self, ForwardingSettings, PeekLimits, ProxySettings};
 
 #[derive(Debug, Deserialize)]

@@ -12,7 +12,7 @@ use hickory_resolver::proto::rr::RData;
 use hickory_resolver::TokioResolver;
 
 use super::source::{AtStart, PeerSource};
-use crate::config::ConfigError;
+use crate::error::Error;
 use crate::routing::{PeerSpec, Weight};
 use crate::settings::{Dns, DnsQuery};
 
@@ -23,7 +23,7 @@ pub struct DnsSource {
 }
 
 impl DnsSource {
-    pub fn new(settings: &Dns) -> Result<Self, ConfigError> {
+    pub fn new(settings: &Dns) -> Result<Self, Error> {
         let source = Self {
             settings: settings.clone(),
             targets: HashMap::new(),
@@ -36,7 +36,7 @@ impl DnsSource {
     /// A resolver for one round of lookups. Its sockets belong to the runtime it is built on,
     /// and the first load runs on another runtime than the control plane: a resolver per round
     /// keeps each on its own.
-    fn resolver(&self) -> Result<TokioResolver, ConfigError> {
+    fn resolver(&self) -> Result<TokioResolver, Error> {
         let provider = TokioRuntimeProvider::default();
         let mut builder = match self.settings.nameserver {
             Some(ns) => {
@@ -50,22 +50,21 @@ impl DnsSource {
                     provider,
                 )
             }
-            None => TokioResolver::builder(provider).map_err(|e| {
-                ConfigError::new("discovery.dns", format!("no system resolver: {e}"))
-            })?,
+            None => TokioResolver::builder(provider)
+                .map_err(|e| Error::new("discovery.dns", format!("no system resolver: {e}")))?,
         };
         // prefixlb asks again every interval: that, not the record TTL, is how fresh it is.
         builder.options_mut().cache_size = 0;
-        builder.build().map_err(|e| {
-            ConfigError::new("discovery.dns", format!("cannot build the resolver: {e}"))
-        })
+        builder
+            .build()
+            .map_err(|e| Error::new("discovery.dns", format!("cannot build the resolver: {e}")))
     }
 
-    async fn resolve(&mut self) -> Result<Vec<PeerSpec>, ConfigError> {
+    async fn resolve(&mut self) -> Result<Vec<PeerSpec>, Error> {
         let c = &self.settings;
         let resolver = self.resolver()?;
         let fail = |e: hickory_resolver::net::NetError| {
-            ConfigError::new("discovery.dns.name", format!("resolving {}: {e}", c.name))
+            Error::new("discovery.dns.name", format!("resolving {}: {e}", c.name))
         };
         let peer = |addr, weight| PeerSpec {
             addr,
@@ -139,7 +138,7 @@ impl PeerSource for DnsSource {
         AtStart::Tried
     }
 
-    async fn peers(&mut self, _force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError> {
+    async fn peers(&mut self, _force: bool) -> Result<Option<Vec<PeerSpec>>, Error> {
         self.resolve().await.map(Some)
     }
 }

@@ -8,8 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::source::{AtStart, PeerSource};
-use crate::config::{self, ConfigError};
+use crate::config;
 use crate::control::watch::SettledFile;
+use crate::error::Error;
 use crate::routing::PeerSpec;
 
 pub struct FileSource {
@@ -61,7 +62,7 @@ impl PeerSource for FileSource {
         }
     }
 
-    async fn peers(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError> {
+    async fn peers(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, Error> {
         let Some(text) = self.file.changed(force).await? else {
             return Ok(None);
         };
@@ -75,7 +76,7 @@ impl PeerSource for FileSource {
             }
         })
         .await
-        .map_err(|e| ConfigError::new("", format!("reading the peers failed: {e}")))?;
-        parsed.map(Some)
+        .map_err(|e| Error::new("", format!("reading the peers failed: {e}")))?;
+        Ok(Some(parsed?))
     }
 }

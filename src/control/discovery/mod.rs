@@ -8,7 +8,7 @@ pub mod source;
 
 use std::path::Path;
 
-use crate::config::ConfigError;
+use crate::error::Error;
 use crate::settings::Discovery;
 use dns::DnsSource;
 use file::FileSource;
@@ -17,10 +17,7 @@ use source::PeerSource;
 
 /// The source the settings name; `config_path` is prefixlb's own file, whose `peers` section
 /// is the source when no other is named.
-pub fn build(
-    discovery: &Discovery,
-    config_path: &Path,
-) -> Result<Box<dyn PeerSource>, ConfigError> {
+pub fn build(discovery: &Discovery, config_path: &Path) -> Result<Box<dyn PeerSource>, Error> {
     Ok(match discovery {
         Discovery::ConfigFile { interval } => {
             Box::new(FileSource::config_file(config_path, *interval))

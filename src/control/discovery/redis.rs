@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::source::{AtStart, PeerSource};
-use crate::config::ConfigError;
 use crate::control::registry::{bounded, client, connected, RegistryEntry};
+use crate::error::Error;
 use crate::metrics;
 use crate::routing::{PeerSpec, Weight, UNLIMITED};
 use crate::settings::Registry;
@@ -21,7 +21,7 @@ pub struct RegistrySource {
 }
 
 impl RegistrySource {
-    pub fn new(settings: &Registry) -> Result<Self, ConfigError> {
+    pub fn new(settings: &Registry) -> Result<Self, Error> {
         Ok(Self {
             client: client(&settings.url, "discovery.redis.url")?,
             settings: settings.clone(),
@@ -29,13 +29,13 @@ impl RegistrySource {
         })
     }
 
-    async fn read(&mut self) -> Result<Vec<PeerSpec>, ConfigError> {
+    async fn read(&mut self) -> Result<Vec<PeerSpec>, Error> {
         let result = bounded(self.round()).await;
         result.map_err(|e| {
             // The next round connects afresh.
             self.connection = None;
             metrics::REGISTRY_FAILURES.inc();
-            ConfigError::new(
+            Error::new(
                 "discovery.redis",
                 format!("{}: {e}", self.settings.url_without_secret()),
             )
@@ -125,7 +125,7 @@ impl PeerSource for RegistrySource {
         AtStart::Tried
     }
 
-    async fn peers(&mut self, _force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError> {
+    async fn peers(&mut self, _force: bool) -> Result<Option<Vec<PeerSpec>>, Error> {
         self.read().await.map(Some)
     }
 

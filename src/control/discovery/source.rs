@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::config::ConfigError;
+use crate::error::Error;
 use crate::routing::PeerSpec;
 
 /// What start-up does with a source before serving.
@@ -34,7 +34,7 @@ pub trait PeerSource: Send {
 
     /// The peers the source lists now; `Ok(None)` when nothing changed since the last call and
     /// `force` is off.
-    async fn peers(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, ConfigError>;
+    async fn peers(&mut self, force: bool) -> Result<Option<Vec<PeerSpec>>, Error>;
 
     /// Drops the connections the source keeps: they belong to the runtime they were made on.
     fn disconnect(&mut self) {}

@@ -1,125 +1,16 @@
-//! Prometheus metrics, in the default registry that pingora-prometheus serves.
-//!
-//! Per-peer gauges (in flight, bound, health, drain, ejection) are read from the live cluster
-//! at scrape time, so they cannot drift from the state the router acts on; counters and
-//! histograms are updated on the request path.
+//! The gauges read at scrape time from the live cluster and the API keys in force, so that they
+//! cannot drift from the state the router and the proxy act on.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use prometheus::core::{Atomic, Collector, Desc, GenericGaugeVec};
 use prometheus::proto::MetricFamily;
-use prometheus::{
-    self, register_histogram, register_int_counter, register_int_counter_vec, register_int_gauge,
-    register_int_gauge_vec, GaugeVec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts,
-};
+use prometheus::{GaugeVec, IntCounter, IntGauge, IntGaugeVec, Opts};
 
+use super::counters;
 use crate::router::Router;
 use crate::routing::PoolChoice;
 use crate::tenants::Tenants;
-
-/// From 5 ms to 10 minutes: the range of a time to first token and of a long generation.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-];
-
-macro_rules! metric {
-    ($name:ident: $ty:ty = $make:expr) => {
-        pub static $name: LazyLock<$ty> =
-            LazyLock::new(|| $make.expect(concat!("registering ", stringify!($name))));
-    };
-}
-
-metric!(PEER_REQUESTS: IntCounterVec = register_int_counter_vec!(
-    "prefixlb_peer_requests_total",
-    "Requests answered by each peer, by how the peer was chosen (primary, overflow, replica, retry, balanced) and status class (2xx..5xx, or error when no status came)",
-    &["peer", "route", "status_class"]
-));
-metric!(PEER_CONNECT_FAILURES: IntCounterVec = register_int_counter_vec!(
-    "prefixlb_peer_connect_failures_total",
-    "Connects to each peer that failed",
-    &["peer"]
-));
-metric!(PEER_EJECTIONS: IntCounterVec = register_int_counter_vec!(
-    "prefixlb_peer_ejections_total",
-    "Times each peer was ejected for failing",
-    &["peer"]
-));
-metric!(REJECTIONS: IntCounterVec = register_int_counter_vec!(
-    "prefixlb_rejections_total",
-    "Requests answered without a peer: 503 for want of a slot (queue_full, queue_timeout, no_peer, retry_saturated), waiters that left (client_gone), peeks beyond the memory budget (peek_memory), paths not forwarded (path_not_allowed)",
-    &["reason"]
-));
-metric!(QUEUE_WAIT: Histogram = register_histogram!(
-    "prefixlb_queue_wait_seconds",
-    "Time requests waited in line for a slot (those that waited at all)",
-    LATENCY_BUCKETS.to_vec()
-));
-metric!(FIRST_BYTE: Histogram = register_histogram!(
-    "prefixlb_upstream_first_byte_seconds",
-    "From choosing a peer to the first byte of its response body: the time to first token of a streamed completion, as the load balancer sees it",
-    LATENCY_BUCKETS.to_vec()
-));
-metric!(DURATION: Histogram = register_histogram!(
-    "prefixlb_request_duration_seconds",
-    "From the request's arrival to the end of its response",
-    LATENCY_BUCKETS.to_vec()
-));
-metric!(KEY_SOURCES: IntCounterVec = register_int_counter_vec!(
-    "prefixlb_key_source_total",
-    "Requests by the source of their routing key: session_header, chat, completions, generate, client_addr, none",
-    &["source"]
-));
-metric!(PEEKED_BYTES: IntCounter = register_int_counter!(
-    "prefixlb_body_peeked_bytes_total",
-    "Request body bytes read before choosing a peer, to find the routing key"
-));
-metric!(PEEK_MEMORY: IntGauge = register_int_gauge!(
-    "prefixlb_peek_memory_bytes",
-    "Request body bytes held now for reading routing keys (prefixlb's and Pingora's retry copy), against limits.peek_memory_bytes"
-));
-metric!(ACCESS_LOG_DROPPED: IntCounter = register_int_counter!(
-    "prefixlb_access_log_dropped_total",
-    "Access log lines dropped because the writer's queue was full (stdout blocked)"
-));
-metric!(ENGINE_SCRAPE_FAILURES: IntCounter = register_int_counter!(
-    "prefixlb_engine_scrape_failures_total",
-    "Engine metrics pages that could not be read or held no request counts (the peer then counts this process's requests only)"
-));
-metric!(REPLICA_MESSAGES: IntCounterVec = register_int_counter_vec!(
-    "prefixlb_replica_messages_total",
-    "The replicas' exchange of where prompts went: datagrams sent (each to every other replica), prompts heard, datagrams refused (from an address not listed)",
-    &["event"]
-));
-metric!(RELOADS: IntCounterVec = register_int_counter_vec!(
-    "prefixlb_reloads_total",
-    "Reloads of the peer list, by result: changed, unchanged or error",
-    &["result"]
-));
-metric!(REGISTRY_FAILURES: IntCounter = register_int_counter!(
-    "prefixlb_registry_failures_total",
-    "Rounds of the Redis peer registry that failed (unreachable, timed out, refused): the last good peers stay"
-));
-metric!(FILE_RELOADS: IntCounterVec = register_int_counter_vec!(
-    "prefixlb_file_reloads_total",
-    "Changes read from the API keys file and the listeners' certificates, by kind (api_keys, certificate) and result (changed, or error when the last good contents stay)",
-    &["kind", "result"]
-));
-metric!(AUTH_FAILURES: IntCounterVec = register_int_counter_vec!(
-    "prefixlb_auth_failures_total",
-    "Requests refused with 401 for want of a valid API key, by reason (missing, invalid)",
-    &["reason"]
-));
-metric!(TENANT_REQUESTS: IntCounterVec = register_int_counter_vec!(
-    "prefixlb_tenant_requests_total",
-    "Requests of each API key, by outcome: admitted, or the limit that refused it with 429 (concurrency, request_rate, prompt_byte_rate)",
-    &["key", "outcome"]
-));
-metric!(BUILD_INFO: IntGaugeVec = register_int_gauge_vec!(
-    "prefixlb_build_info",
-    "Always 1; the version label says which build is running",
-    &["version"]
-));
 
 /// Per-peer gauges, read from the router at each scrape.
 struct PeerGauges {
@@ -335,14 +226,13 @@ fn descs(gauges: &[(&str, &str)], label: &str) -> prometheus::Result<Vec<Desc>> 
         .collect()
 }
 
-/// Registers the per-peer (and per-tenant, with API keys) gauges and the build info; call
-/// once, at start.
+/// Registers the per-peer (and per-tenant, with API keys) gauges, the counters and the build
+/// info; call once, at start.
 pub fn register(router: Arc<Router>, tenants: Option<Arc<Tenants>>) -> prometheus::Result<()> {
     if let Some(tenants) = tenants {
         let descs = descs(&TENANT_GAUGES, "key")?;
         prometheus::register(Box::new(TenantGauges { tenants, descs }))?;
-        LazyLock::force(&AUTH_FAILURES);
-        LazyLock::force(&TENANT_REQUESTS);
+        counters::register_tenant_counters();
     }
     let mut peer_descs = descs(&PEER_GAUGES, "peer")?;
     peer_descs.extend(descs(&POOL_GAUGES, "model")?);
@@ -362,56 +252,6 @@ pub fn register(router: Arc<Router>, tenants: Option<Arc<Tenants>>) -> prometheu
         router,
         descs: peer_descs,
     }))?;
-    BUILD_INFO
-        .with_label_values(&[env!("CARGO_PKG_VERSION")])
-        .set(1);
-    // Register every metric now: the histograms and plain counters are then in the first
-    // scrape; a labelled counter appears with its first sample.
-    for counters in [
-        &PEER_REQUESTS,
-        &PEER_CONNECT_FAILURES,
-        &PEER_EJECTIONS,
-        &REJECTIONS,
-        &KEY_SOURCES,
-        &RELOADS,
-        &FILE_RELOADS,
-        &REPLICA_MESSAGES,
-    ] {
-        LazyLock::force(counters);
-    }
-    for histogram in [&QUEUE_WAIT, &FIRST_BYTE, &DURATION] {
-        LazyLock::force(histogram);
-    }
-    LazyLock::force(&PEEKED_BYTES);
-    LazyLock::force(&PEEK_MEMORY);
-    LazyLock::force(&ACCESS_LOG_DROPPED);
-    LazyLock::force(&ENGINE_SCRAPE_FAILURES);
-    LazyLock::force(&REGISTRY_FAILURES);
+    counters::register_counters();
     Ok(())
-}
-
-const ROUTES: [&str; 5] = ["primary", "overflow", "replica", "retry", "balanced"];
-const STATUS_CLASSES: [&str; 6] = ["2xx", "3xx", "4xx", "5xx", "other", "error"];
-
-/// Drops the series of a peer that left the cluster, so that pods coming and going under DNS
-/// discovery do not pile up label values.
-pub fn forget_peer(peer: &str) {
-    for route in ROUTES {
-        for class in STATUS_CLASSES {
-            let _ = PEER_REQUESTS.remove_label_values(&[peer, route, class]);
-        }
-    }
-    let _ = PEER_CONNECT_FAILURES.remove_label_values(&[peer]);
-    let _ = PEER_EJECTIONS.remove_label_values(&[peer]);
-}
-
-pub fn status_class(status: Option<u16>) -> &'static str {
-    match status {
-        Some(200..=299) => "2xx",
-        Some(300..=399) => "3xx",
-        Some(400..=499) => "4xx",
-        Some(500..=599) => "5xx",
-        Some(_) => "other",
-        None => "error",
-    }
 }
