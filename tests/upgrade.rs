@@ -331,9 +331,23 @@ fn run_all(commands: &[Vec<String>], dir: &Path) -> bool {
 struct Daemon(std::path::PathBuf, std::cell::RefCell<Vec<u32>>);
 
 impl Daemon {
+    /// The PID the file names. A daemon writes the file by truncating it first, and the new
+    /// one of an upgrade writes it while the test reads: an empty or missing file is read again
+    /// for up to 2 s.
     fn pid(&self) -> u32 {
-        let text = std::fs::read_to_string(&self.0).unwrap();
-        let pid = text.trim().parse().unwrap();
+        let start = Instant::now();
+        let pid = loop {
+            let text = std::fs::read_to_string(&self.0).unwrap_or_default();
+            if let Ok(pid) = text.trim().parse() {
+                break pid;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "{} names no process: {text:?}",
+                self.0.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
         self.1.borrow_mut().push(pid);
         pid
     }
