@@ -42,6 +42,7 @@ struct Request {
     named: Vec<u64>,
     private: usize,
     first_prefill: bool,
+    admitted: bool,
     /// Prompt tokens found cached at the first admission.
     cached: usize,
     /// Tokens this step computes for it.
@@ -131,6 +132,7 @@ impl Engine {
             named: Vec::new(),
             private: 0,
             first_prefill: true,
+            admitted: false,
             cached: 0,
             step: 0,
             events: tx,
@@ -207,25 +209,32 @@ impl Engine {
             let want = (r.target - hit * bt).min(budget);
             let need = (hit * bt + want).div_ceil(bt) - hit;
             if !s.kv.allocate(need) {
-                s.waiting.push_front(r);
+                // With nothing running the pool is as empty as it gets: a request that does
+                // not fit then never will, and is ended (its caller sees the stream stop).
+                if !s.running.is_empty() {
+                    s.waiting.push_front(r);
+                }
                 break;
             }
             for &h in &r.hashes[..hit] {
                 s.kv.hold(h);
             }
-            if r.first_prefill {
+            // Hits count at the first admission only: a preempted request finding its own
+            // blocks again says nothing of where it was routed.
+            if !r.admitted {
+                r.admitted = true;
                 r.cached = (hit * bt).min(r.prompt_tokens);
+                self.stats
+                    .prefix_queries
+                    .fetch_add(r.prompt_tokens as u64, Ordering::Relaxed);
+                self.stats
+                    .prefix_hits
+                    .fetch_add(r.cached as u64, Ordering::Relaxed);
             }
             r.named = r.hashes[..hit].to_vec();
             r.private = need;
             r.computed = hit * bt;
             r.step = want;
-            self.stats
-                .prefix_queries
-                .fetch_add(r.prompt_tokens as u64, Ordering::Relaxed);
-            self.stats
-                .prefix_hits
-                .fetch_add((hit * bt).min(r.prompt_tokens) as u64, Ordering::Relaxed);
             prefill += want;
             budget -= want;
             s.running.push(r);
@@ -303,6 +312,10 @@ impl Engine {
                 return false;
             };
             victim.release(&mut s.kv);
+            if s.running.is_empty() {
+                // Alone and still short of room: it can never finish.
+                return false;
+            }
             victim.target = victim.prompt_tokens + victim.generated.saturating_sub(1);
             victim.computed = 0;
             s.waiting.push_front(victim);
