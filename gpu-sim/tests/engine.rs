@@ -75,9 +75,11 @@ fn metric(text: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chunked_prefill_slows_the_running_decodes() {
-    // Steps of one decode take 10 ms / 2 = 5 ms; with a 512-token chunk beside it, 30.6 ms.
+    // A step of one decode takes 10 + 10 ms; with a 512-token chunk beside it, 71.2 ms
+    // (halved by `speed`).
     let (base, _gpu) = serve(Gpu::new(SimConfig {
         speed: 2.0,
+        batch_slowdown: 1.0,
         ..config()
     }))
     .await;
@@ -97,17 +99,14 @@ async fn a_chunked_prefill_slows_the_running_decodes() {
         first[5]
     };
     gaps.sort();
-    let slow = gaps.iter().filter(|g| **g >= alone * 4).count();
+    // 35.6 ms against 10 ms: 3.56 ×.
+    let slow = gaps.iter().filter(|g| **g >= alone * 5 / 2).count();
     assert!(
         slow >= 6,
-        "eight steps carry a chunk: {slow} gaps ≥ 4 × {alone:?}, gaps {gaps:?}"
+        "eight steps carry a chunk: {slow} gaps ≥ 2.5 × {alone:?}, gaps {gaps:?}"
     );
-    // The prefill shares its steps too: eight steps of 30.6 ms, not 8 × 25.6 ms alone.
-    assert!(
-        long[0] >= Duration::from_millis(8 * 30),
-        "TTFT {:?}",
-        long[0]
-    );
+    // The prefill is slowed too: eight steps of 35.6 ms, not the 30.6 ms of a prefill alone.
+    assert!(long[0] >= Duration::from_millis(270), "TTFT {:?}", long[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,7 +156,7 @@ async fn a_half_pace_gpu_takes_twice_as_long() {
     let p = prompt("same", 4000);
     let (a, b) = tokio::join!(stream(&full, &p, 10), stream(&half, &p, 10));
     let (a, b) = (a[9].as_secs_f64(), b[9].as_secs_f64());
-    assert!(a > 0.55 && a < 0.8, "full pace took {a} s");
+    assert!(a > 0.55 && a < 1.0, "full pace took {a} s");
     let ratio = b / a;
     assert!(
         (1.85..2.15).contains(&ratio),
@@ -196,8 +195,18 @@ async fn v1_loads_reports_what_is_in_flight_in_both_models() {
                 tokio::spawn(async move { stream(&base, &prompt(&format!("p{i}"), 200), 60).await })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let busy = load(&base).await;
+        let mut busy = load(&base).await;
+        for _ in 0..100 {
+            // All four have arrived, and the scheduler has admitted what it can.
+            if busy["num_total_reqs"] == 4
+                && busy["num_running_reqs"] == 2
+                && busy["token_usage"].as_f64() > Some(0.0)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            busy = load(&base).await;
+        }
         assert_eq!(busy["num_running_reqs"], 2, "{model:?}: {busy}");
         assert_eq!(busy["num_waiting_reqs"], 2, "{model:?}: {busy}");
         assert_eq!(busy["num_total_reqs"], 4);
