@@ -39,7 +39,8 @@ pub struct Args {
     /// The model name `/v1/models` reports.
     #[arg(long, default_value = "sim-llama-3-8b")]
     pub model: String,
-    /// Prefix-cache capacity, in tokens.
+    /// Prefix-cache capacity, in tokens (engine model: the KV pool that running requests
+    /// and cached prefixes share).
     #[arg(long, default_value_t = SimConfig::default().cache_tokens)]
     pub cache_tokens: usize,
     #[arg(long, default_value_t = SimConfig::default().prefill_tokens_per_sec)]

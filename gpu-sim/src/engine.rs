@@ -98,10 +98,11 @@ impl Engine {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Fraction of the KV blocks in use, cached prefixes included.
+    /// Fraction of the KV blocks held by running requests. Idle cached blocks count as free,
+    /// as both vLLM's `kv_cache_usage_perc` and SGLang's `token_usage` count them.
     pub fn usage(&self) -> f64 {
         let s = self.state();
-        s.kv.used() as f64 / s.kv.total().max(1) as f64
+        s.kv.busy() as f64 / s.kv.total().max(1) as f64
     }
 
     /// Blocks held by running requests, and the pool's size, in tokens.

@@ -176,7 +176,9 @@ impl Gpu {
         }
     }
 
-    /// Fraction of the cache in use, as vLLM's `kv_cache_usage_perc` reports it (0 to 1).
+    /// Fraction of the cache in use, as vLLM's `kv_cache_usage_perc` reports it (0 to 1): in
+    /// the lane model the prefix cache's fill, in the engine model the KV held by running
+    /// requests.
     pub fn cache_usage(&self) -> f64 {
         if self.config.model == Model::Engine {
             return self.engine.get().map_or(0.0, |e| e.usage());
