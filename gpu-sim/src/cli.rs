@@ -50,7 +50,7 @@ pub struct Args {
     /// Extra decode time per token for each other running request, as a fraction.
     #[arg(long, default_value_t = SimConfig::default().batch_slowdown)]
     pub batch_slowdown: f64,
-    /// Prompt tokens each decode step also prefills while a prefill runs (0: none).
+    /// Lane model: prompt tokens each decode step also prefills while a prefill runs (0: none).
     #[arg(long, default_value_t = SimConfig::default().prefill_chunk_tokens)]
     pub prefill_chunk_tokens: usize,
     /// Requests running at once; more wait.
@@ -115,4 +115,23 @@ pub async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error + Send + 
         s.await??;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_model_and_paces_are_chosen_on_the_command_line() {
+        let args = Args::parse_from(["gpu-sim", "--sim-model", "engine", "--pace", "1,0.5"]);
+        let c = args.sim_config();
+        assert_eq!((c.model, c.chars_per_token), (Model::Engine, 3.3));
+        assert_eq!(args.pace, [1.0, 0.5]);
+        let lane = Args::parse_from(["gpu-sim"]).sim_config();
+        assert_eq!(
+            lane,
+            SimConfig::default(),
+            "the lane model stays the default"
+        );
+    }
 }
