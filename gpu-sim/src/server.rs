@@ -97,6 +97,10 @@ pub fn router(gpu: Arc<Gpu>, name: String, model: String) -> prometheus::Result<
         .route("/metrics", get(metrics))
         .route("/v1/loads", get(loads))
         .route("/get_load", get(get_load))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
         .with_state(served))
 }
 
@@ -349,6 +353,36 @@ async fn get_load(State(s): State<Arc<Served>>) -> Response {
         "num_waiting_reqs": waiting,
         "num_tokens": g.kv_tokens().0,
     }]);
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// SGLang's `/server_info`, in part: SMG probes it to tell an SGLang engine (whose load it
+/// then polls on `/v1/loads`) from a vLLM one, retrying for seconds when nothing answers.
+async fn server_info(State(s): State<Arc<Served>>) -> Response {
+    let body = json!({
+        "model_path": s.model,
+        "served_model_name": s.model,
+        "tp_size": 1,
+        "dp_size": 1,
+        "pp_size": 1,
+        "max_total_tokens": s.gpu.kv_tokens().1,
+        "max_running_requests": s.gpu.config.max_running,
+        "version": concat!("gpu-sim ", env!("CARGO_PKG_VERSION")),
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// SGLang's `/model_info`, in part.
+async fn model_info(State(s): State<Arc<Served>>) -> Response {
+    let body = json!({"model_path": s.model, "tokenizer_path": s.model, "is_generation": true});
     (
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),

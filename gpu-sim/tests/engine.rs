@@ -221,6 +221,8 @@ async fn v1_loads_reports_what_is_in_flight_in_both_models() {
         }
         let legacy: Value = serde_json::from_str(&get(&base, "/get_load").await).unwrap();
         assert_eq!(legacy[0]["num_reqs"], 4, "{legacy}");
+        let info: Value = serde_json::from_str(&get(&base, "/server_info").await).unwrap();
+        assert_eq!(info["max_running_requests"], 2, "{info}");
         for s in streams {
             assert_eq!(s.await.unwrap().len(), 60);
         }
