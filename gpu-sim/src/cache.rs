@@ -73,18 +73,22 @@ impl PrefixCache {
     }
 
     /// Stores a prompt's blocks after its prefill, evicting the least recently used beyond
-    /// capacity.
-    pub fn insert(&mut self, hashes: &[u64]) {
+    /// capacity; returns how many blocks were evicted.
+    pub fn insert(&mut self, hashes: &[u64]) -> usize {
         for &h in hashes.iter().rev() {
             self.blocks.put(h, ());
         }
         let Some(cap) = NonZeroUsize::new(self.capacity) else {
+            let n = self.blocks.len();
             self.blocks.clear();
-            return;
+            return n;
         };
+        let mut evicted = 0;
         while self.blocks.len() > cap.get() {
             self.blocks.pop_lru();
+            evicted += 1;
         }
+        evicted
     }
 }
 

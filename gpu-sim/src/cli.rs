@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::serve::ListenerExt;
 use clap::Parser;
 
-use crate::{server, Gpu, SimConfig};
+use crate::{server, Gpu, Model, SimConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -19,10 +19,28 @@ pub struct Args {
     /// An address to serve one simulated GPU on; repeat for more GPUs.
     #[arg(long = "listen", default_values = ["127.0.0.1:8001", "127.0.0.1:8002"])]
     pub listen: Vec<SocketAddr>,
+    /// How each GPU schedules its work: `lane` (one prefill lane) or `engine` (chunked
+    /// prefill steps, KV memory held by running requests, preemption).
+    #[arg(long, value_enum, default_value_t = Model::Lane)]
+    pub sim_model: Model,
+    /// Each GPU's speed relative to the others, in `--listen` order (0.5: every duration
+    /// doubles); GPUs beyond the list run at 1.
+    #[arg(long, value_delimiter = ',')]
+    pub pace: Vec<f64>,
+    /// Characters of prompt text per token (default: 4 for `lane`, 3.3 for `engine`).
+    #[arg(long)]
+    pub chars_per_token: Option<f64>,
+    /// Engine model: tokens one step computes at most (vLLM's `max_num_batched_tokens`).
+    #[arg(long, default_value_t = SimConfig::engine().max_batched_tokens)]
+    pub max_batched_tokens: usize,
+    /// Engine model: milliseconds of tokenisation and scheduling per request.
+    #[arg(long, default_value_t = SimConfig::engine().request_overhead_ms)]
+    pub request_overhead_ms: f64,
     /// The model name `/v1/models` reports.
     #[arg(long, default_value = "sim-llama-3-8b")]
     pub model: String,
-    /// Prefix-cache capacity, in tokens.
+    /// Prefix-cache capacity, in tokens (engine model: the KV pool that running requests
+    /// and cached prefixes share).
     #[arg(long, default_value_t = SimConfig::default().cache_tokens)]
     pub cache_tokens: usize,
     #[arg(long, default_value_t = SimConfig::default().prefill_tokens_per_sec)]
@@ -32,7 +50,7 @@ pub struct Args {
     /// Extra decode time per token for each other running request, as a fraction.
     #[arg(long, default_value_t = SimConfig::default().batch_slowdown)]
     pub batch_slowdown: f64,
-    /// Prompt tokens each decode step also prefills while a prefill runs (0: none).
+    /// Lane model: prompt tokens each decode step also prefills while a prefill runs (0: none).
     #[arg(long, default_value_t = SimConfig::default().prefill_chunk_tokens)]
     pub prefill_chunk_tokens: usize,
     /// Requests running at once; more wait.
@@ -47,8 +65,16 @@ pub struct Args {
 }
 
 impl Args {
+    /// The configuration of every GPU but its pace.
     pub fn sim_config(&self) -> SimConfig {
+        let base = match self.sim_model {
+            Model::Lane => SimConfig::default(),
+            Model::Engine => SimConfig::engine(),
+        };
         SimConfig {
+            chars_per_token: self.chars_per_token.unwrap_or(base.chars_per_token),
+            max_batched_tokens: self.max_batched_tokens,
+            request_overhead_ms: self.request_overhead_ms,
             cache_tokens: self.cache_tokens,
             prefill_tokens_per_sec: self.prefill_tokens_per_sec,
             decode_ms_per_token: self.decode_ms_per_token,
@@ -57,7 +83,7 @@ impl Args {
             max_running: self.max_running,
             default_max_tokens: self.max_tokens,
             speed: self.speed,
-            ..SimConfig::default()
+            ..base
         }
     }
 }
@@ -66,14 +92,17 @@ impl Args {
 pub async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let config = args.sim_config();
     let mut servers = Vec::new();
-    for addr in args.listen {
+    for (i, addr) in args.listen.into_iter().enumerate() {
         // Each token is a small write: without TCP_NODELAY, Nagle's algorithm would hold one
         // back until the previous is acknowledged, adding tens of milliseconds.
         let listener = tokio::net::TcpListener::bind(addr).await?.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
         let app = server::router(
-            Arc::new(Gpu::new(config.clone())),
+            Arc::new(Gpu::new(SimConfig {
+                pace: args.pace.get(i).copied().unwrap_or(1.0),
+                ..config.clone()
+            })),
             addr.to_string(),
             args.model.clone(),
         )?;
@@ -86,4 +115,23 @@ pub async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error + Send + 
         s.await??;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_model_and_paces_are_chosen_on_the_command_line() {
+        let args = Args::parse_from(["gpu-sim", "--sim-model", "engine", "--pace", "1,0.5"]);
+        let c = args.sim_config();
+        assert_eq!((c.model, c.chars_per_token), (Model::Engine, 3.3));
+        assert_eq!(args.pace, [1.0, 0.5]);
+        let lane = Args::parse_from(["gpu-sim"]).sim_config();
+        assert_eq!(
+            lane,
+            SimConfig::default(),
+            "the lane model stays the default"
+        );
+    }
 }

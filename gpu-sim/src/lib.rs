@@ -21,23 +21,42 @@
 //!   server).
 //!
 //! `speed` divides every duration, so a benchmark can run a minute of GPU time in seconds
-//! with the same ratios.
+//! with the same ratios; `pace` does the same for one GPU, so a cluster can mix speeds.
+//!
+//! That is the `Lane` model (the default). [`Model::Engine`] is a continuous-batching
+//! scheduler with KV memory and preemption instead: see [`engine`] and [`SimConfig::engine`].
 
 pub mod cache;
 pub mod cli;
+pub mod engine;
+pub mod kv;
 pub mod server;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
 use cache::{block_hashes, PrefixCache};
+use engine::{Engine, Event};
+
+/// How a simulated GPU schedules its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Model {
+    /// One FIFO prefill lane beside decodes slowed by batch size; prefixes cached apart from
+    /// running requests.
+    #[default]
+    Lane,
+    /// Steps of chunked prefill and decode under a token budget, KV memory held by running
+    /// requests, preemption, per-request overhead.
+    Engine,
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimConfig {
-    pub chars_per_token: usize,
+    pub model: Model,
+    pub chars_per_token: f64,
     pub block_tokens: usize,
     pub cache_tokens: usize,
     pub prefill_tokens_per_sec: f64,
@@ -50,12 +69,19 @@ pub struct SimConfig {
     pub max_running: usize,
     pub default_max_tokens: usize,
     pub speed: f64,
+    /// This GPU's speed relative to the others: 0.5 doubles every duration.
+    pub pace: f64,
+    /// Engine model: tokens one step computes at most (vLLM's `max_num_batched_tokens`).
+    pub max_batched_tokens: usize,
+    /// Engine model: tokenisation and scheduling before a request reaches the waiting line.
+    pub request_overhead_ms: f64,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
         Self {
-            chars_per_token: 4,
+            model: Model::Lane,
+            chars_per_token: 4.0,
             block_tokens: 16,
             cache_tokens: 65_536,
             prefill_tokens_per_sec: 10_000.0,
@@ -65,21 +91,38 @@ impl Default for SimConfig {
             max_running: 64,
             default_max_tokens: 64,
             speed: 1.0,
+            pace: 1.0,
+            max_batched_tokens: 2048,
+            request_overhead_ms: 3.0,
         }
     }
 }
 
 impl SimConfig {
+    /// The engine model's defaults: the lane's GPU figures (a step of one decode takes
+    /// `decode_ms_per_token`, each further sequence adds `batch_slowdown` of it, prefill runs
+    /// at `prefill_tokens_per_sec`), vLLM's 2048-token step budget, 3 ms of overhead a
+    /// request, and 3.3 characters a token (code and non-English text tokenise denser than
+    /// OpenAI's 4).
+    pub fn engine() -> Self {
+        Self {
+            model: Model::Engine,
+            chars_per_token: 3.3,
+            ..Self::default()
+        }
+    }
+
     fn scaled(&self, secs: f64) -> Duration {
-        Duration::from_secs_f64((secs / self.speed.max(1e-9)).max(0.0))
+        let speed = (self.speed * self.pace).max(1e-9);
+        Duration::from_secs_f64((secs / speed).max(0.0))
     }
 
     fn block_bytes(&self) -> usize {
-        self.block_tokens * self.chars_per_token
+        (self.block_tokens as f64 * self.chars_per_token).round() as usize
     }
 
     pub fn tokens(&self, text_len: usize) -> usize {
-        text_len.div_ceil(self.chars_per_token)
+        (text_len as f64 / self.chars_per_token.max(1e-9)).ceil() as usize
     }
 }
 
@@ -93,6 +136,10 @@ pub struct SimStats {
     pub prefix_hits: AtomicU64,
     /// Requests served to their last token.
     pub requests: AtomicU64,
+    /// Running requests preempted for KV memory (engine model).
+    pub preemptions: AtomicU64,
+    /// Cached prefix blocks evicted to make room.
+    pub evictions: AtomicU64,
 }
 
 pub struct Gpu {
@@ -103,7 +150,9 @@ pub struct Gpu {
     /// Whether a prefill is running: decode steps are longer then.
     prefilling: AtomicBool,
     slots: Semaphore,
-    pub stats: SimStats,
+    pub stats: Arc<SimStats>,
+    /// The engine model's scheduler, started by the first request (it needs a runtime).
+    engine: OnceLock<Arc<Engine>>,
 }
 
 /// How a request went, for tests and for the response.
@@ -121,13 +170,19 @@ impl Gpu {
             prefill_lane: tokio::sync::Mutex::new(()),
             prefilling: AtomicBool::new(false),
             slots: Semaphore::new(config.max_running.max(1)),
-            stats: SimStats::default(),
+            stats: Arc::default(),
+            engine: OnceLock::new(),
             config,
         }
     }
 
-    /// Fraction of the cache in use, as vLLM's `kv_cache_usage_perc` reports it (0 to 1).
+    /// Fraction of the cache in use, as vLLM's `kv_cache_usage_perc` reports it (0 to 1): in
+    /// the lane model the prefix cache's fill, in the engine model the KV held by running
+    /// requests.
     pub fn cache_usage(&self) -> f64 {
+        if self.config.model == Model::Engine {
+            return self.engine.get().map_or(0.0, |e| e.usage());
+        }
         let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if cache.capacity() == 0 {
             return 0.0;
@@ -135,10 +190,67 @@ impl Gpu {
         cache.len() as f64 / cache.capacity() as f64
     }
 
+    /// Tokens of KV held by running requests, and the GPU's KV capacity in tokens (SGLang's
+    /// `num_used_tokens` and `max_total_num_tokens`). The lane model's running requests hold
+    /// none: its capacity is the prefix cache's.
+    pub fn kv_tokens(&self) -> (usize, usize) {
+        match (self.config.model, self.engine.get()) {
+            (Model::Engine, Some(e)) => e.tokens_held(),
+            _ => (0, self.config.cache_tokens),
+        }
+    }
+
+    /// Runs one request on this GPU's model. `on_prefilled` is called once its prompt is
+    /// prefilled, `token` for each output token; `token` returns false when the client is
+    /// gone, which ends the request early.
+    pub async fn run(
+        &self,
+        prompt: &str,
+        max_tokens: usize,
+        on_prefilled: impl FnMut(Prefilled),
+        token: impl FnMut(usize) -> bool,
+    ) {
+        match self.config.model {
+            Model::Lane => self.run_lane(prompt, max_tokens, on_prefilled, token).await,
+            Model::Engine => {
+                self.run_engine(prompt, max_tokens, on_prefilled, token)
+                    .await
+            }
+        }
+    }
+
+    async fn run_engine(
+        &self,
+        prompt: &str,
+        max_tokens: usize,
+        mut on_prefilled: impl FnMut(Prefilled),
+        mut token: impl FnMut(usize) -> bool,
+    ) {
+        let c = &self.config;
+        let engine = self
+            .engine
+            .get_or_init(|| Engine::new(c.clone(), Arc::clone(&self.stats)));
+        let hashes = block_hashes(prompt.as_bytes(), c.block_bytes());
+        let mut events = engine
+            .submit(hashes, c.tokens(prompt.len()), max_tokens.max(1))
+            .await;
+        while let Some(e) = events.recv().await {
+            match e {
+                Event::Prefilled(p) => on_prefilled(p),
+                Event::Token(i) if i < max_tokens => {
+                    if !token(i) {
+                        return;
+                    }
+                }
+                Event::Token(_) => {}
+            }
+        }
+    }
+
     /// Runs one request: waits for a running slot, prefills what the cache lacks on the
     /// shared lane, then calls `token` for each of `max_tokens` output tokens at the decode
-    /// pace. `token` returns false when the client is gone, which ends the request early.
-    pub async fn run(
+    /// pace.
+    async fn run_lane(
         &self,
         prompt: &str,
         max_tokens: usize,
@@ -176,10 +288,14 @@ impl Gpu {
                 let _done = Flag(&self.prefilling);
                 tokio::time::sleep(c.scaled(uncached as f64 / c.prefill_tokens_per_sec)).await;
             }
-            self.cache
+            let evicted = self
+                .cache
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(&hashes);
+            self.stats
+                .evictions
+                .fetch_add(evicted as u64, Ordering::Relaxed);
             on_prefilled(Prefilled {
                 prompt_tokens,
                 cached_tokens,

@@ -32,6 +32,8 @@ struct Metrics {
     queries: IntCounter,
     hits: IntCounter,
     requests: IntCounter,
+    preemptions: IntCounter,
+    evictions: IntCounter,
 }
 
 impl Metrics {
@@ -56,6 +58,14 @@ impl Metrics {
                 "vllm:request_success_total",
                 "Requests served to their last token",
             )?,
+            preemptions: IntCounter::new(
+                "vllm:num_preemptions_total",
+                "Running requests preempted for KV memory",
+            )?,
+            evictions: IntCounter::new(
+                "gpu_sim:prefix_cache_evictions_total",
+                "Cached prefix blocks evicted to make room",
+            )?,
             registry,
             scrape: std::sync::Mutex::new(()),
         };
@@ -65,6 +75,8 @@ impl Metrics {
         m.registry.register(Box::new(m.queries.clone()))?;
         m.registry.register(Box::new(m.hits.clone()))?;
         m.registry.register(Box::new(m.requests.clone()))?;
+        m.registry.register(Box::new(m.preemptions.clone()))?;
+        m.registry.register(Box::new(m.evictions.clone()))?;
         Ok(m)
     }
 }
@@ -83,6 +95,12 @@ pub fn router(gpu: Arc<Gpu>, name: String, model: String) -> prometheus::Result<
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
+        .route("/v1/loads", get(loads))
+        .route("/get_load", get(get_load))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
         .with_state(served))
 }
 
@@ -269,6 +287,8 @@ async fn metrics(State(s): State<Arc<Served>>) -> Response {
         (&m.queries, g.stats.prefix_queries.load(Ordering::Relaxed)),
         (&m.hits, g.stats.prefix_hits.load(Ordering::Relaxed)),
         (&m.requests, g.stats.requests.load(Ordering::Relaxed)),
+        (&m.preemptions, g.stats.preemptions.load(Ordering::Relaxed)),
+        (&m.evictions, g.stats.evictions.load(Ordering::Relaxed)),
     ] {
         counter.inc_by(total.saturating_sub(counter.get()));
     }
@@ -280,6 +300,92 @@ async fn metrics(State(s): State<Arc<Served>>) -> Response {
     (
         [(header::CONTENT_TYPE, encoder.format_type().to_owned())],
         out,
+    )
+        .into_response()
+}
+
+/// SGLang's `/v1/loads`: one data-parallel rank's scheduler state, which SMG polls for its
+/// load-aware policies (`token_usage` is the signal they act on).
+async fn loads(State(s): State<Arc<Served>>) -> Response {
+    let g = &s.gpu;
+    let running = g.stats.running.load(Ordering::Relaxed).max(0);
+    let waiting = g.stats.waiting.load(Ordering::Relaxed).max(0);
+    let (used, total) = g.kv_tokens();
+    let queries = g.stats.prefix_queries.load(Ordering::Relaxed);
+    let hits = g.stats.prefix_hits.load(Ordering::Relaxed);
+    let usage = g.cache_usage();
+    let rank = json!({
+        "dp_rank": 0,
+        "num_running_reqs": running,
+        "num_waiting_reqs": waiting,
+        "num_total_reqs": running + waiting,
+        "num_used_tokens": used,
+        "max_total_num_tokens": total,
+        "token_usage": usage,
+        "cache_hit_rate": if queries == 0 { 0.0 } else { hits as f64 / queries as f64 },
+        "utilization": usage,
+        "max_running_requests": g.config.max_running,
+    });
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let body = json!({
+        "timestamp": since_epoch.as_secs_f64().to_string(),
+        "dp_rank_count": 1,
+        "loads": [rank],
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// SGLang's older `/get_load`, which SMG before 1.3 polled: one entry per rank, read for
+/// `num_tokens`.
+async fn get_load(State(s): State<Arc<Served>>) -> Response {
+    let g = &s.gpu;
+    let running = g.stats.running.load(Ordering::Relaxed).max(0);
+    let waiting = g.stats.waiting.load(Ordering::Relaxed).max(0);
+    let body = json!([{
+        "dp_rank": 0,
+        "num_reqs": running + waiting,
+        "num_waiting_reqs": waiting,
+        "num_tokens": g.kv_tokens().0,
+    }]);
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// SGLang's `/server_info`, in part: SMG probes it to tell an SGLang engine (whose load it
+/// then polls on `/v1/loads`) from a vLLM one, retrying for seconds when nothing answers.
+async fn server_info(State(s): State<Arc<Served>>) -> Response {
+    let body = json!({
+        "model_path": s.model,
+        "served_model_name": s.model,
+        "tp_size": 1,
+        "dp_size": 1,
+        "pp_size": 1,
+        "max_total_tokens": s.gpu.kv_tokens().1,
+        "max_running_requests": s.gpu.config.max_running,
+        "version": concat!("gpu-sim ", env!("CARGO_PKG_VERSION")),
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// SGLang's `/model_info`, in part.
+async fn model_info(State(s): State<Arc<Served>>) -> Response {
+    let body = json!({"model_path": s.model, "tokenizer_path": s.model, "is_generation": true});
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
     )
         .into_response()
 }
