@@ -296,7 +296,7 @@ impl ProxyHttp for PrefixLb {
             return Ok(true);
         }
         ctx.key_source = Some(key.source);
-        *ctx.demand = key.demand(body_bytes);
+        *ctx.demand = router.keys.demand(&key, body_bytes);
         let default = self.settings.default_model.as_deref();
         let pool = match pooled {
             true => router.cluster().pools().choose(model.as_deref(), default),
