@@ -16,15 +16,8 @@ use prefixlb::routing::*;
 
 fn specs(n: usize) -> Vec<PeerSpec> {
     (0..n)
-        .map(|i| PeerSpec {
-            addr: format!("10.2.{}.{}:8000", i / 250, i % 250 + 1)
-                .parse()
-                .unwrap(),
-            weight: Weight::ONE,
-            max_in_flight: 64,
-            tls: None,
-            models: None,
-        })
+        .map(|i| format!("10.2.{}.{}:8000", i / 250, i % 250 + 1))
+        .map(|addr| PeerSpec::new(addr.parse().unwrap()).max_in_flight(64))
         .collect()
 }
 

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release --example ring_balance`
 
-use prefixlb::routing::{Cluster, PeerSpec, RingConfig, Weight, UNLIMITED};
+use prefixlb::routing::{Cluster, PeerSpec, RingConfig};
 
 fn main() {
     const SWEEP: u64 = 2_000_000;
@@ -14,15 +14,8 @@ fn main() {
             let mut worst = 0f64;
             for trial in 0..TRIALS {
                 let specs: Vec<PeerSpec> = (0..n)
-                    .map(|i| PeerSpec {
-                        addr: format!("10.{trial}.{}.{}:8000", i / 250, i % 250 + 1)
-                            .parse()
-                            .expect("literal address"),
-                        weight: Weight::ONE,
-                        max_in_flight: UNLIMITED,
-                        tls: None,
-                        models: None,
-                    })
+                    .map(|i| format!("10.{trial}.{}.{}:8000", i / 250, i % 250 + 1))
+                    .map(|addr| PeerSpec::new(addr.parse().expect("literal address")))
                     .collect();
                 let cluster = Cluster::new(
                     &specs,

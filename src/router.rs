@@ -61,7 +61,9 @@ pub struct MembershipChange {
 
 impl Router {
     pub fn new(settings: RouterSettings, peers: &[PeerSpec]) -> Self {
-        let record = PrefixRecord::with_bytes(settings.record_bytes);
+        // Every part reads its figures from the one tuning the cost model carries.
+        let tuning = &settings.balance.cost.tuning;
+        let record = PrefixRecord::with_bytes(settings.record_bytes).tuned(tuning);
         let cluster = Cluster::with_record(peers, settings.ring, record);
         Self {
             load: Arc::clone(cluster.load()),
@@ -70,7 +72,7 @@ impl Router {
                 listed: canonical(peers.to_vec()),
                 discovered: HashMap::new(),
             }),
-            keys: KeyExtractor::new(settings.keys),
+            keys: KeyExtractor::new(settings.keys).tuned(tuning),
             balance: settings.balance,
             ring: settings.ring,
             outlier: settings.outlier,

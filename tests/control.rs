@@ -961,8 +961,8 @@ async fn a_prompt_counts_on_its_peers_prefill_queue_until_the_first_byte() {
     let proxy = start_proxy(&TestConfig::new().peers(&ups)).await;
     let c = client();
     let body = chat("system", &"x".repeat(40_000), 1, false);
-    let tokens = (body.len() / prefixlb::routing::policy::CHARS_PER_TOKEN) as f64;
-    let turn = (tokens * (1.0 - prefixlb::routing::cost::WARM_HIT)).ceil() as u64;
+    let tokens = (body.len() / prefixlb::routing::Tuning::DEFAULT.chars_per_token as usize) as f64;
+    let turn = (tokens * (1.0 - prefixlb::routing::Tuning::DEFAULT.warm_hit)).ceil() as u64;
     let a = ups[0].addr_str();
     for (session, expected) in [(None, tokens as u64), (Some("s-1"), turn)] {
         let mut req = c

@@ -12,15 +12,13 @@ use prefixlb::routing::*;
 use proptest::prelude::*;
 
 fn spec(i: usize, weight: u32, max_in_flight: u32) -> PeerSpec {
-    PeerSpec {
-        addr: format!("10.1.{}.{}:8000", i / 250, i % 250 + 1)
+    PeerSpec::new(
+        format!("10.1.{}.{}:8000", i / 250, i % 250 + 1)
             .parse()
             .unwrap(),
-        weight: Weight::new(weight).unwrap(),
-        max_in_flight,
-        tls: None,
-        models: None,
-    }
+    )
+    .weight(Weight::new(weight).unwrap())
+    .max_in_flight(max_in_flight)
 }
 
 fn uniform(n: usize, max: u32) -> Vec<PeerSpec> {

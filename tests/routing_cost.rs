@@ -23,13 +23,8 @@ const PLACED: Balance = Balance {
 
 fn specs(n: usize, max_in_flight: u32) -> Vec<PeerSpec> {
     (0..n)
-        .map(|i| PeerSpec {
-            addr: format!("10.2.0.{}:8000", i + 1).parse().unwrap(),
-            weight: Weight::ONE,
-            max_in_flight,
-            tls: None,
-            models: None,
-        })
+        .map(|i| PeerSpec::new(format!("10.2.0.{}:8000", i + 1).parse().unwrap()))
+        .map(|spec| spec.max_in_flight(max_in_flight))
         .collect()
 }
 
@@ -82,7 +77,8 @@ fn completion(prompt: &str) -> Demand {
 
 fn demand_of(path: &str, body: serde_json::Value) -> Demand {
     let body = body.to_string();
-    let key = match KeyExtractor::default().key_for(&RequestParts {
+    let keys = KeyExtractor::default();
+    let key = match keys.key_for(&RequestParts {
         method: &http::Method::POST,
         path,
         headers: &http::HeaderMap::new(),
@@ -93,7 +89,7 @@ fn demand_of(path: &str, body: serde_json::Value) -> Demand {
         Extract::Key(k) => k,
         other => panic!("a whole body has a key: {other:?}"),
     };
-    key.demand(body.len())
+    keys.demand(&key, body.len())
 }
 
 /// `n` requests in flight on `peer`, their prefill done.
@@ -123,7 +119,7 @@ fn concurrent_requests_of_one_key_stay_together_while_its_peer_has_slots() {
     let primary = &walk(&cluster, h)[0];
     // Bounded hashing would split the second request already: ceil(1.25 · 2 / 4) = 1.
     // 2 000 tokens: 0.2 s of prefill on a cold peer, more than the new turns queued here.
-    let held: Vec<Routed> = (0..UNKNOWN_CAPACITY_FLOOR)
+    let held: Vec<Routed> = (0..Tuning::DEFAULT.unknown_capacity_floor)
         .map(|_| cluster.select(&COST, ask(h, 2_000), &[]).routed().unwrap())
         .collect();
     assert!(held.iter().all(|r| Arc::ptr_eq(r.slot.peer(), primary)));
@@ -455,7 +451,7 @@ fn run(cluster: &Cluster, ops: &[Op], engine: bool) -> Result<Vec<Option<String>
                 let floor = if p.capacity() > 0 {
                     p.capacity()
                 } else {
-                    UNKNOWN_CAPACITY_FLOOR
+                    Tuning::DEFAULT.unknown_capacity_floor
                 };
                 let share =
                     (DEFAULT_BALANCE_FACTOR * (total as f64 + 1.0) / n as f64).ceil() as u32;

@@ -7,13 +7,7 @@ use std::time::Duration;
 use prefixlb::routing::*;
 
 fn one_slot_cluster() -> Arc<Cluster> {
-    let spec = PeerSpec {
-        addr: "10.0.0.1:8000".parse().unwrap(),
-        weight: Weight::ONE,
-        max_in_flight: 1,
-        tls: None,
-        models: None,
-    };
+    let spec = PeerSpec::new("10.0.0.1:8000".parse().unwrap()).max_in_flight(1);
     Arc::new(Cluster::new(&[spec], RingConfig::default()))
 }
 
@@ -275,20 +269,8 @@ async fn a_peer_coming_back_wakes_the_line() {
     let _held = select(&cluster).routed().unwrap();
     // Second peer, down for now.
     let specs = vec![
-        PeerSpec {
-            addr: "10.0.0.1:8000".parse().unwrap(),
-            weight: Weight::ONE,
-            max_in_flight: 1,
-            tls: None,
-            models: None,
-        },
-        PeerSpec {
-            addr: "10.0.0.2:8000".parse().unwrap(),
-            weight: Weight::ONE,
-            max_in_flight: 1,
-            tls: None,
-            models: None,
-        },
+        PeerSpec::new("10.0.0.1:8000".parse().unwrap()).max_in_flight(1),
+        PeerSpec::new("10.0.0.2:8000".parse().unwrap()).max_in_flight(1),
     ];
     let bigger = Arc::new(cluster.rebuild(&specs, RingConfig::default()));
     bigger.set_healthy("10.0.0.2:8000", false);

@@ -38,7 +38,7 @@ impl PrefixLb {
         let prompt = self.read_key(session, ctx, pooled, declared).await?;
         self.charge_prompt(ctx, prompt.bytes)?;
         ctx.key_source = Some(prompt.key.source);
-        *ctx.demand = prompt.key.demand(prompt.bytes);
+        *ctx.demand = self.router.keys.demand(&prompt.key, prompt.bytes);
         Ok(prompt)
     }
 

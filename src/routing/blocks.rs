@@ -1,8 +1,8 @@
 //! A prompt cut into fixed blocks, the way an engine cuts its tokens into KV-cache blocks: each
 //! block is named by the hash of everything from the prompt's start to the block's end, so two
 //! prompts share a block's name exactly when they agree up to its end. Where prompts went is
-//! remembered per block ([`super::record`]); the deepest block a peer holds is how much of a
-//! new prompt it has cached.
+//! remembered per block by the prefix record, which reads these chains (and is not read
+//! here); the deepest block a peer holds is how much of a new prompt it has cached.
 //!
 //! The chain hashes the prompt as the body carries it, from the start of its value (`messages`,
 //! `prompt` or `text`) to the end of what was read, after the model when that came first: a

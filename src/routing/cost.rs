@@ -10,7 +10,7 @@
 //!   prefill shares the GPU's steps with the streams running there (chunked prefill), so each
 //!   of them waits it out too: it is counted once for this request and once for each of them.
 //!   Without that, a spill looks cheap to the request that spills and is paid by the others.
-//!   A quarter of a request to come is counted besides them: an idle peer's GPU is not free
+//!   Some of a request to come (the tuning's `arrivals`) is counted besides them: an idle peer's GPU is not free
 //!   either, and a prompt prefilled twice holds two GPUs where waiting for the first copy,
 //!   already under way, would have answered as soon.
 //! - `T_decode`: what the running streams add to this one's steps (a batch shares each step).
@@ -21,26 +21,6 @@
 use std::time::Duration;
 
 use super::tuning::Tuning;
-
-/// The share of a prompt its primary is expected to find cached when the record has not seen
-/// the conversation (another process may have sent it there), and that the peer that served a
-/// key-only prompt last is: all of it but the newest turn, for a conversation that resends its
-/// history.
-pub const WARM_HIT: f64 = 0.9;
-
-/// The share a peer that served a key-only prompt earlier, and not last, is expected to find:
-/// the shared part and the turns up to then, not those since.
-pub const EARLIER_HIT: f64 = 0.5;
-
-/// How much each other running stream slows a decode step (vLLM on one GPU: about 2%).
-const DECODE_SHARE: f64 = 0.02;
-
-/// The requests to come that a prefill is expected to delay besides the running ones: a prefill
-/// holds its GPU for as long as it takes, and a request that arrives meanwhile waits it out.
-const ARRIVALS: f64 = 0.25;
-
-/// The stream time assumed before a peer has finished a request.
-const DEFAULT_DECODE: Duration = Duration::from_millis(500);
 
 /// Prompt tokens a GPU prefills per second by default: an 8B model on one H100-class GPU.
 pub const DEFAULT_PREFILL_TOKENS_PER_SEC: f64 = 10_000.0;
@@ -106,9 +86,10 @@ impl CostModel {
         } else {
             p.load.min(p.capacity)
         });
+        let t = &self.tuning;
         let t_prefill =
-            (1.0 - alpha) * f64::from(prompt_tokens) / self.rate() * (1.0 + ARRIVALS + running);
-        let t_decode = DECODE_SHARE * running * decode(p);
+            (1.0 - alpha) * f64::from(prompt_tokens) / self.rate() * (1.0 + t.arrivals + running);
+        let t_decode = t.decode_share * running * self.decode(p);
         self.wait(p) + t_prefill + t_decode
     }
 
@@ -121,7 +102,12 @@ impl CostModel {
             slots => (p.load + 1).saturating_sub(slots),
         };
         p.prefill_queue as f64 / self.rate()
-            + f64::from(queued) * decode(p) / f64::from(p.capacity.max(1))
+            + f64::from(queued) * self.decode(p) / f64::from(p.capacity.max(1))
+    }
+
+    /// How long a request streams on the peer, in seconds: its own mean once it has one.
+    fn decode(&self, p: &Pricing) -> f64 {
+        p.decode.unwrap_or(self.tuning.default_decode).as_secs_f64()
     }
 
     fn rate(&self) -> f64 {
@@ -134,13 +120,12 @@ impl CostModel {
     }
 }
 
-fn decode(p: &Pricing) -> f64 {
-    p.decode.unwrap_or(DEFAULT_DECODE).as_secs_f64()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const ARRIVALS: f64 = Tuning::DEFAULT.arrivals;
+    const WARM_HIT: f64 = Tuning::DEFAULT.warm_hit;
 
     const IDLE: Pricing = Pricing {
         load: 0,
@@ -176,7 +161,7 @@ mod tests {
         let cost = model().estimate(&warm, 5_000);
         assert!(close(cost, 0.05 * (1.0 + ARRIVALS)), "{cost}");
         assert_eq!(model().uncached(5_000, WARM_HIT), 500);
-        assert_eq!(model().uncached(5_000, EARLIER_HIT), 2_500);
+        assert_eq!(model().uncached(5_000, Tuning::DEFAULT.earlier_hit), 2_500);
         assert_eq!(model().uncached(5_000, 0.0), 5_000);
     }
 

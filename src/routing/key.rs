@@ -22,8 +22,9 @@ use jiter::{Jiter, JiterError, JiterErrorType, JsonErrorType};
 
 use super::blocks::Blocks;
 use super::hash::KeyEncoder;
-use super::policy::{Demand, CHARS_PER_TOKEN};
+use super::policy::decision::Demand;
 use super::prompt::{is_cut, scan, PromptField, Span};
+use super::tuning::Tuning;
 
 pub const DEFAULT_SESSION_HEADER: &str = "x-session-id";
 pub const DEFAULT_PREFIX_CHARS: usize = 2048;
@@ -133,25 +134,6 @@ pub struct RoutingKey {
     pub blocks: Blocks,
 }
 
-/// The model a prompt-carrying body asks for, wherever `model` comes in it (after `messages`
-/// too); `None` when it has none or is cut before it.
-pub fn model_in(body: &[u8]) -> Option<String> {
-    super::prompt::model(body)
-}
-
-impl RoutingKey {
-    /// What a request with this key and a body `body_bytes` long asks of the cluster.
-    pub fn demand(&self, body_bytes: usize) -> Demand {
-        let tokens = (body_bytes / CHARS_PER_TOKEN).min(u32::MAX as usize) as u32;
-        Demand {
-            hash: self.hash,
-            prompt_tokens: tokens,
-            blocks: self.blocks,
-            model: None,
-        }
-    }
-}
-
 /// How much more of the body may follow the bytes given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyEnd {
@@ -200,14 +182,46 @@ pub struct RequestParts<'a> {
     pub end: BodyEnd,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct KeyExtractor {
     config: KeyConfig,
+    /// Characters of text per token, for the prompt's tokens estimated from its bytes.
+    chars_per_token: usize,
+}
+
+impl Default for KeyExtractor {
+    fn default() -> Self {
+        Self::new(KeyConfig::default())
+    }
 }
 
 impl KeyExtractor {
+    /// An extractor with the default tuning's token estimate.
     pub fn new(config: KeyConfig) -> Self {
-        Self { config }
+        let chars_per_token = Tuning::DEFAULT.chars_per_token as usize;
+        Self {
+            config,
+            chars_per_token,
+        }
+    }
+
+    /// The same extractor, estimating tokens by `tuning`'s characters per token.
+    pub fn tuned(self, tuning: &Tuning) -> Self {
+        Self {
+            chars_per_token: tuning.chars_per_token.max(1) as usize,
+            ..self
+        }
+    }
+
+    /// What a request with `key` and a body `body_bytes` long asks of the cluster.
+    pub fn demand(&self, key: &RoutingKey, body_bytes: usize) -> Demand {
+        let tokens = (body_bytes / self.chars_per_token).min(u32::MAX as usize) as u32;
+        Demand {
+            hash: key.hash,
+            prompt_tokens: tokens,
+            blocks: key.blocks,
+            model: None,
+        }
     }
 
     /// The body format to peek at, or `None` when the key comes from the headers alone.

@@ -10,7 +10,7 @@
 //!
 //! let peers: Vec<PeerSpec> = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
 //!     .iter()
-//!     .map(|a| PeerSpec { addr: a.parse().unwrap(), weight: Weight::ONE, max_in_flight: 8, tls: None, models: None })
+//!     .map(|a| PeerSpec::new(a.parse().unwrap()).max_in_flight(8))
 //!     .collect();
 //! let cluster = Cluster::new(&peers, RingConfig::default());
 //! let keys = KeyExtractor::default();
@@ -50,16 +50,22 @@
 //! assert_eq!(cluster.in_flight(), 0);
 //! ```
 
-//! The modules, bottom up (each uses only those above it): `queue` (the waiting line),
-//! `outlier`, `cost`, `peer` (the live peer and its slots), `hash`, `blocks` (a prompt's chain
-//! of block names), `policy`, `ring`, `record` (where prompt blocks went), `cluster`
-//! (membership and selection), `prompt` (the walk over a JSON body), `key`.
+//! The modules, bottom up (each uses only those above it): `tuning` (the cost model's figures),
+//! `queue` (the waiting line), `outlier`, `spec` (a peer as configured), `engine` (what a
+//! peer's engine reports), `load` (the counts behind every ceiling), `cost`, `pool` (peers by
+//! model), `peer` (the live peer and its slots), `hash`, `blocks` (a prompt's chain of block
+//! names), `ring`, `record` (where prompt blocks went: its table, then what it answers),
+//! `policy` (what is asked and what a choice gave, the view of the cluster a policy reads, one
+//! file per policy), `cluster` (membership, eligibility, and the call into the policy),
+//! `prompt` (the walk over a JSON body), `key`.
 
 pub mod blocks;
 pub mod cluster;
 pub mod cost;
+pub mod engine;
 pub mod hash;
 pub mod key;
+pub mod load;
 pub mod outlier;
 pub mod peer;
 pub mod policy;
@@ -68,26 +74,27 @@ mod prompt;
 pub mod queue;
 pub mod record;
 pub mod ring;
+pub mod spec;
 pub mod tuning;
 
 pub use blocks::{Blocks, BLOCK_BYTES, MAX_BLOCKS};
 pub use cluster::Cluster;
 pub use cost::{CostModel, Pricing};
-pub use key::model_in;
+pub use engine::EngineReport;
 pub use key::{
     BodyEnd, BodyKind, Extract, Fallback, FallbackReason, KeyConfig, KeyExtractor, KeySource,
     RequestParts, RoutingKey,
 };
+pub use load::ClusterLoad;
 pub use outlier::{is_peer_fault, OutlierPolicy};
-pub use peer::{
-    canonical, ClusterLoad, EngineReport, Peer, PeerSpec, Slot, Weight, MAX_WEIGHT, UNLIMITED,
-};
-pub use policy::{
-    Balance, Decision, Demand, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR,
-    UNKNOWN_CAPACITY_FLOOR,
-};
+pub use peer::{Peer, Slot};
+pub use policy::{Balance, Decision, Demand, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR};
 pub use pool::{ModelId, PoolChoice};
+/// The model a prompt-carrying body asks for, wherever `model` comes in it (after `messages`
+/// too); `None` when it has none or is cut before it.
+pub use prompt::model as model_in;
 pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitQueue};
 pub use record::{Holdings, PrefixRecord, RecordStats};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};
+pub use spec::{canonical, PeerSpec, Weight, MAX_WEIGHT, UNLIMITED};
 pub use tuning::Tuning;

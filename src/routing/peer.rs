@@ -1,116 +1,21 @@
 //! The live peer: what it carries, what it may carry, whether it may be chosen, and the RAII
-//! [`Slot`] that counts one request on it.
-//!
-//! A [`Peer`] is keyed by its address and outlives any one ring: a rebuild hands the same `Arc`
-//! to the new ring, so a peer that stays keeps its count, and a removed peer's count drains
-//! through the slots that still hold it.
+//! [`Slot`] that counts one request on it. A [`Peer`] is keyed by its address and outlives any
+//! one ring: a rebuild hands the same `Arc` to the new ring, so a peer that stays keeps its
+//! count, and a removed peer's count drains through the slots that still hold it.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 
 use super::cost::Pricing;
+use super::engine::{Engine, EngineReport};
+use super::load::{ClusterLoad, Others};
 use super::outlier::{Outlier, OutlierPolicy};
-use super::pool::{ModelId, ModelNames};
-use super::queue::WaitQueue;
-
-/// The largest weight a peer may have: weights are relative, and this bounds a peer's ring
-/// points (weight × vnodes, 12 bytes each) and its share of the round-robin rotation.
-pub const MAX_WEIGHT: u32 = 100;
-
-/// `max_in_flight` of a peer that has no fixed ceiling.
-pub const UNLIMITED: u32 = u32::MAX;
-
-/// A peer's relative share of keys and load: from 1 to [`MAX_WEIGHT`], by construction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Weight(u8);
-
-impl Weight {
-    pub const ONE: Weight = Weight(1);
-
-    /// `None` outside 1..=[`MAX_WEIGHT`].
-    pub fn new(weight: u32) -> Option<Self> {
-        (1..=MAX_WEIGHT)
-            .contains(&weight)
-            .then_some(Weight(weight as u8))
-    }
-
-    /// The nearest weight, for weights set by others (SRV records, Pingora backends) where
-    /// refusing the peer would be worse than bounding it.
-    pub fn clamped(weight: u64) -> Self {
-        Weight(weight.clamp(1, u64::from(MAX_WEIGHT)) as u8)
-    }
-
-    pub fn get(self) -> u32 {
-        u32::from(self.0)
-    }
-}
-
-/// One peer as configured or discovered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerSpec {
-    pub addr: SocketAddr,
-    pub weight: Weight,
-    /// The fixed in-flight ceiling; [`UNLIMITED`] for none.
-    pub max_in_flight: u32,
-    /// Reached over TLS, its certificate checked for this name; `None`: plain HTTP.
-    pub tls: Option<String>,
-    /// The models it serves (base models and adapters); `None`: any.
-    pub models: Option<Vec<String>>,
-}
-
-/// Peers in address order, each address once (the first listing wins): the one order every
-/// cluster and every comparison of peer lists uses.
-pub fn canonical(mut specs: Vec<PeerSpec>) -> Vec<PeerSpec> {
-    specs.sort_by_key(|s| s.addr);
-    specs.dedup_by_key(|s| s.addr);
-    specs
-}
-
-/// Load shared by every peer of a router, across ring rebuilds.
-#[derive(Debug, Default)]
-pub struct ClusterLoad {
-    in_flight: AtomicU64,
-    /// Σ of the peers' [`Peer::external`] load.
-    external: AtomicU64,
-    /// Whether other processes of an upgrade share their counts now. Their counts are exact and
-    /// take turns with this process's; an engine's lag a scrape behind, and would let one
-    /// process's waiters take every slot the other's requests give back.
-    siblings: AtomicBool,
-    waiters: WaitQueue,
-}
-
-impl ClusterLoad {
-    /// Requests this router has in flight.
-    pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
-    /// Requests on these peers that others carry (see [`Peer::external`]).
-    pub fn external(&self) -> u64 {
-        self.external.load(Ordering::Relaxed)
-    }
-
-    /// Says whether other processes share their counts (see [`Peer::set_external`]).
-    pub fn set_siblings(&self, present: bool) {
-        self.siblings.store(present, Ordering::Relaxed);
-    }
-
-    /// Requests waiting for a slot; every release wakes the first of them.
-    pub fn waiters(&self) -> &WaitQueue {
-        &self.waiters
-    }
-}
-
-/// The models a peer lists, as written and interned.
-#[derive(Debug)]
-struct Served {
-    names: Vec<String>,
-    ids: Vec<ModelId>,
-}
+use super::pool::{serves, Listed, ModelId, ModelNames};
+use super::spec::{PeerSpec, Weight};
 
 /// Serials start at 1: 0 marks an empty way of the prompt record.
 static SERIALS: AtomicU32 = AtomicU32::new(1);
@@ -121,29 +26,18 @@ pub struct Peer {
     id: String,
     /// Unique in the process and kept across rebuilds: what the prompt record names.
     serial: u32,
-    weight: AtomicU8,
+    weight: AtomicU32,
     max_in_flight: AtomicU32,
     /// The name its certificate is checked for, when it is reached over TLS.
     tls: ArcSwapOption<String>,
     /// The models it lists, by name and id; `None`: it lists none and serves any.
-    models: ArcSwapOption<Served>,
+    models: ArcSwapOption<Listed>,
     in_flight: AtomicU32,
-    /// The larger of the two estimates below: both count, in part, the same requests.
-    external: AtomicU32,
-    /// What the other prefixlb processes of an upgrade carry here, as they publish it.
-    from_siblings: AtomicU32,
-    /// What the engine says it has (running and waiting) beyond this process's own requests.
-    from_engine: AtomicU32,
-    engine: EngineFigures,
-    /// The most requests the engine has run at once, once it has been seen to queue (0 until
-    /// then): beyond it a request waits for a running slot.
-    capacity: AtomicU32,
+    others: Others,
+    engine: Engine,
     /// Prompt tokens this process expects the peer still to prefill: its requests' uncached
     /// estimates, from the choice to the first byte of the answer.
     prefill_queue: AtomicU64,
-    /// Mean time a request streams its answer, from first byte to end, in microseconds (an
-    /// EWMA; 0 until one has ended).
-    decode_us: AtomicU32,
     healthy: AtomicBool,
     draining: AtomicBool,
     removed: AtomicBool,
@@ -156,19 +50,15 @@ impl Peer {
         Self {
             addr: spec.addr,
             id: spec.addr.to_string(),
-            weight: AtomicU8::new(spec.weight.0),
+            weight: AtomicU32::new(spec.weight.get()),
             max_in_flight: AtomicU32::new(spec.max_in_flight),
             tls: ArcSwapOption::from(spec.tls.clone().map(Arc::new)),
             models: ArcSwapOption::empty(),
             in_flight: AtomicU32::new(0),
-            external: AtomicU32::new(0),
-            from_siblings: AtomicU32::new(0),
-            from_engine: AtomicU32::new(0),
+            others: Others::default(),
             serial: SERIALS.fetch_add(1, Ordering::Relaxed),
-            engine: EngineFigures::default(),
-            capacity: AtomicU32::new(0),
+            engine: Engine::default(),
             prefill_queue: AtomicU64::new(0),
-            decode_us: AtomicU32::new(0),
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             removed: AtomicBool::new(false),
@@ -188,7 +78,7 @@ impl Peer {
         self.serial
     }
     pub fn weight(&self) -> u32 {
-        u32::from(self.weight.load(Ordering::Relaxed))
+        self.weight.load(Ordering::Relaxed)
     }
     pub fn max_in_flight(&self) -> u32 {
         self.max_in_flight.load(Ordering::Relaxed)
@@ -199,11 +89,11 @@ impl Peer {
     }
     /// The models it lists; `None`: it serves any.
     pub fn models(&self) -> Option<Vec<String>> {
-        self.models.load().as_ref().map(|m| m.names.clone())
+        self.models.load().as_ref().map(|m| m.names().to_vec())
     }
     /// Whether it serves `model`.
     pub fn serves(&self, model: ModelId) -> bool {
-        super::pool::serves(self.models.load().as_ref().map(|m| &m.ids[..]), model)
+        serves(self.models.load().as_ref().map(|m| m.ids()), model)
     }
     /// Requests this router has in flight on the peer.
     pub fn in_flight(&self) -> u32 {
@@ -212,7 +102,7 @@ impl Peer {
     /// Requests on the peer that others carry: the other prefixlb processes of an upgrade.
     /// Every ceiling counts them.
     pub fn external(&self) -> u32 {
-        self.external.load(Ordering::Acquire)
+        self.others.get()
     }
     /// Everything the peer carries: [`Peer::in_flight`] and [`Peer::external`].
     pub fn load(&self) -> u32 {
@@ -232,7 +122,7 @@ impl Peer {
     }
     /// Running slots the engine has shown it has; 0 while unknown.
     pub fn capacity(&self) -> u32 {
-        self.capacity.load(Ordering::Relaxed)
+        self.engine.capacity()
     }
     /// Prompt tokens of this process's requests the peer has yet to prefill (estimated).
     pub fn prefill_queue(&self) -> u64 {
@@ -240,10 +130,7 @@ impl Peer {
     }
     /// How long a request streams its answer here, on average; `None` before one has ended.
     pub fn decode_time(&self) -> Option<Duration> {
-        match self.decode_us.load(Ordering::Relaxed) {
-            0 => None,
-            us => Some(Duration::from_micros(u64::from(us))),
-        }
+        self.engine.decode_time()
     }
 
     /// What the cost rule believes of the peer now, for a prompt it holds `hit` of.
@@ -261,7 +148,7 @@ impl Peer {
     pub fn spec(&self) -> PeerSpec {
         PeerSpec {
             addr: self.addr,
-            weight: Weight(self.weight.load(Ordering::Relaxed)),
+            weight: Weight::clamped(u64::from(self.weight())),
             max_in_flight: self.max_in_flight(),
             tls: self.tls().map(|name| name.as_str().to_owned()),
             models: self.models(),
@@ -284,36 +171,31 @@ impl Peer {
         self.outlier.record_failure(policy, may_eject)
     }
 
-    pub(super) fn set_limits(&self, spec: &PeerSpec) {
-        self.weight.store(spec.weight.0, Ordering::Relaxed);
+    pub(crate) fn set_limits(&self, spec: &PeerSpec) {
+        self.weight.store(spec.weight.get(), Ordering::Relaxed);
         self.max_in_flight
             .store(spec.max_in_flight, Ordering::Relaxed);
         if self.tls.load().as_deref() != spec.tls.as_ref() {
             self.tls.store(spec.tls.clone().map(Arc::new));
         }
     }
-    pub(super) fn set_models(&self, names: Option<&Vec<String>>, pool_names: &ModelNames) {
+    pub(crate) fn set_models(&self, names: Option<&Vec<String>>, pool_names: &ModelNames) {
         if self.models().as_ref() != names {
-            self.models.store(names.map(|n| {
-                Arc::new(Served {
-                    names: n.clone(),
-                    ids: pool_names.intern(n),
-                })
-            }));
+            self.models
+                .store(names.map(|n| Arc::new(Listed::new(n, pool_names))));
         }
     }
-    pub(super) fn set_healthy(&self, healthy: bool) {
+    pub(crate) fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
     }
-    pub(super) fn set_draining(&self, draining: bool) {
+    pub(crate) fn set_draining(&self, draining: bool) {
         self.draining.store(draining, Ordering::Relaxed);
     }
-    pub(super) fn set_removed(&self, removed: bool) {
+    pub(crate) fn set_removed(&self, removed: bool) {
         self.removed.store(removed, Ordering::Relaxed);
     }
-    pub(super) fn set_external(&self, external: u32) {
-        self.from_siblings.store(external, Ordering::Relaxed);
-        self.update_external();
+    pub(crate) fn set_external(&self, external: u32) {
+        self.others.set_from_siblings(external, &self.cluster);
     }
 
     /// What the engine reported on its last scrape, `None` when that scrape failed: the
@@ -322,44 +204,13 @@ impl Peer {
         let excess = figures.map_or(0, |f| {
             (f.running + f.waiting).saturating_sub(self.in_flight())
         });
-        if let Some(f) = figures {
-            // Only a queue proves the engine full; until one is seen its capacity is unknown,
-            // and what it runs says nothing of what it could.
-            let known = self.capacity();
-            let capacity = if f.waiting > 0 {
-                f.running.max(1)
-            } else if known > 0 {
-                known.max(f.running)
-            } else {
-                0
-            };
-            self.capacity.store(capacity, Ordering::Relaxed);
-        }
-        self.engine.set(figures);
-        self.from_engine.store(excess, Ordering::Relaxed);
-        self.update_external();
+        self.engine.report(figures);
+        self.others.set_from_engine(excess, &self.cluster);
     }
 
     /// The engine's last figures and how old they are, if the last scrape gave any.
     pub fn engine(&self) -> Option<(EngineReport, Duration)> {
-        self.engine.get()
-    }
-
-    fn update_external(&self) {
-        let siblings = self.from_siblings.load(Ordering::Relaxed);
-        let external = if self.cluster.siblings.load(Ordering::Relaxed) {
-            siblings
-        } else {
-            siblings.max(self.from_engine.load(Ordering::Relaxed))
-        };
-        let before = self.external.swap(external, Ordering::AcqRel);
-        let total = &self.cluster.external;
-        total.fetch_add(u64::from(external), Ordering::Relaxed);
-        total.fetch_sub(u64::from(before), Ordering::Relaxed);
-        // Room that others' load gave back is capacity nobody else announces.
-        if external < before {
-            self.cluster.waiters.wake_front();
-        }
+        self.engine.last()
     }
 
     /// Takes a slot if the peer carries fewer than `bound` requests, its external load
@@ -372,56 +223,15 @@ impl Peer {
                 (n < room).then_some(n + 1)
             })
             .ok()?;
-        self.cluster.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.cluster.took();
         Some(Slot::new(self))
     }
 
     /// Takes a slot with no ceiling (pure sticky hashing).
     pub fn take(self: &Arc<Self>) -> Slot {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.cluster.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.cluster.took();
         Slot::new(self)
-    }
-
-    fn record_decode(&self, held: Duration) {
-        let sample = held.as_micros().clamp(1, u128::from(u32::MAX)) as u32;
-        // An EWMA over about the last eight requests: recent enough to follow a change of
-        // workload, smooth enough that one long answer does not swing it.
-        let _ = self
-            .decode_us
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean| {
-                Some(if mean == 0 {
-                    sample
-                } else {
-                    ((u64::from(mean) * 7 + u64::from(sample)) / 8) as u32
-                })
-            });
-    }
-}
-
-/// What an engine says of itself on its metrics endpoint (vLLM's or SGLang's names).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EngineReport {
-    pub running: u32,
-    pub waiting: u32,
-    /// KV cache in use, 0 to 1, when the engine reports it.
-    pub kv_cache_usage: Option<f64>,
-}
-
-/// The last [`EngineReport`] of a peer and when it came; read by the admin API and metrics,
-/// written by the scraper: off the request path, so a lock is fine.
-#[derive(Debug, Default)]
-struct EngineFigures(std::sync::Mutex<Option<(EngineReport, std::time::Instant)>>);
-
-impl EngineFigures {
-    fn set(&self, figures: Option<EngineReport>) {
-        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        *last = figures.map(|f| (f, std::time::Instant::now()));
-    }
-
-    fn get(&self) -> Option<(EngineReport, Duration)> {
-        let last = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        last.map(|(f, at)| (f, at.elapsed()))
     }
 }
 
@@ -480,11 +290,10 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.release_prefill();
         if let Some(since) = self.since {
-            self.peer.record_decode(since.elapsed());
+            self.peer.engine.record_decode(since.elapsed());
         }
         self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.peer.cluster.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.peer.cluster.waiters.wake_front();
+        self.peer.cluster.released();
     }
 }
 
@@ -493,38 +302,8 @@ mod tests {
     use super::*;
 
     fn peer(max: u32) -> Arc<Peer> {
-        let spec = PeerSpec {
-            addr: "127.0.0.1:1".parse().unwrap(),
-            weight: Weight::ONE,
-            max_in_flight: max,
-            tls: None,
-            models: None,
-        };
+        let spec = PeerSpec::new("127.0.0.1:1".parse().unwrap()).max_in_flight(max);
         Arc::new(Peer::new(&spec, Arc::default()))
-    }
-
-    #[test]
-    fn weight_holds_its_range_by_construction() {
-        assert_eq!(Weight::new(0), None);
-        assert_eq!(Weight::new(101), None);
-        assert_eq!(Weight::new(100).map(Weight::get), Some(100));
-        assert_eq!(Weight::clamped(0).get(), 1);
-        assert_eq!(Weight::clamped(65_535).get(), MAX_WEIGHT);
-    }
-
-    #[test]
-    fn canonical_sorts_and_keeps_the_first_of_each_address() {
-        let at = |port: u16, w: u32| PeerSpec {
-            addr: ([127, 0, 0, 1], port).into(),
-            weight: Weight::new(w).unwrap(),
-            max_in_flight: UNLIMITED,
-            tls: None,
-            models: None,
-        };
-        assert_eq!(
-            canonical(vec![at(3, 1), at(1, 2), at(3, 5)]),
-            vec![at(1, 2), at(3, 1)]
-        );
     }
 
     #[test]

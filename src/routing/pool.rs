@@ -50,6 +50,31 @@ impl ModelNames {
     }
 }
 
+/// The models a peer lists, as written and interned.
+#[derive(Debug)]
+pub struct Listed {
+    names: Vec<String>,
+    ids: Vec<ModelId>,
+}
+
+impl Listed {
+    pub fn new(names: &[String], interned: &ModelNames) -> Self {
+        Self {
+            names: names.to_vec(),
+            ids: interned.intern(names),
+        }
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The ids of the names, sorted.
+    pub fn ids(&self) -> &[ModelId] {
+        &self.ids
+    }
+}
+
 /// What a request may be served by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolChoice {

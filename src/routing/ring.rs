@@ -11,7 +11,7 @@ use pingora_load_balancing::selection::{BackendIter, BackendSelection};
 use pingora_load_balancing::Backend;
 
 use super::hash::murmur64;
-use super::peer::Weight;
+use super::spec::Weight;
 
 /// Virtual nodes per unit of weight. A peer's key share deviates from its weight share by about
 /// `1/sqrt(vnodes)` (one standard deviation), and the worst of N peers by a few of those: 160

@@ -47,9 +47,10 @@ pub struct Tuning {
     /// Characters of text per token when the prompt's tokens are estimated from its bytes.
     /// Origin: OpenAI's rule of thumb for English text.
     pub chars_per_token: u32,
-    /// How long a peer is believed to keep a block after it last served it. Origin: what a busy
-    /// GPU's cache keeps of a prefix that stopped coming, roughly; the engine evicts by recency
-    /// under memory pressure, which the balancer cannot see.
+    /// How long a peer is believed to keep a block after it last served it; the prompt record
+    /// counts it in its ticks of 100 ms. Origin: what a busy GPU's cache keeps of a prefix that
+    /// stopped coming, roughly; the engine evicts by recency under memory pressure, which the
+    /// balancer cannot see.
     pub warm_for: Duration,
 }
 

@@ -1,0 +1,96 @@
+//! The counts behind every ceiling: what a router has in flight across its peers, and the load
+//! others carry on one peer (the other processes of an upgrade, the engine's excess).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use super::queue::WaitQueue;
+
+/// Load shared by every peer of a router, across ring rebuilds.
+#[derive(Debug, Default)]
+pub struct ClusterLoad {
+    in_flight: AtomicU64,
+    /// Σ of the peers' load carried by others ([`Others::get`]).
+    external: AtomicU64,
+    /// Whether other processes of an upgrade share their counts now. Their counts are exact and
+    /// take turns with this process's; an engine's lag a scrape behind, and would let one
+    /// process's waiters take every slot the other's requests give back.
+    siblings: AtomicBool,
+    waiters: WaitQueue,
+}
+
+impl ClusterLoad {
+    /// Requests this router has in flight.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests on these peers that others carry.
+    pub fn external(&self) -> u64 {
+        self.external.load(Ordering::Relaxed)
+    }
+
+    /// Says whether other processes share their counts (see [`Others::set_from_siblings`]).
+    pub fn set_siblings(&self, present: bool) {
+        self.siblings.store(present, Ordering::Relaxed);
+    }
+
+    /// Requests waiting for a slot; every release wakes the first of them.
+    pub fn waiters(&self) -> &WaitQueue {
+        &self.waiters
+    }
+
+    /// A slot was taken on one of the peers.
+    pub(crate) fn took(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A slot was given back: the first waiter may take it.
+    pub(crate) fn released(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.waiters.wake_front();
+    }
+}
+
+/// The load others carry on one peer: the larger of two estimates, since both count, in part,
+/// the same requests.
+#[derive(Debug, Default)]
+pub struct Others {
+    external: AtomicU32,
+    /// What the other prefixlb processes of an upgrade carry here, as they publish it.
+    from_siblings: AtomicU32,
+    /// What the engine says it has (running and waiting) beyond this process's own requests.
+    from_engine: AtomicU32,
+}
+
+impl Others {
+    pub fn get(&self) -> u32 {
+        self.external.load(Ordering::Acquire)
+    }
+
+    pub fn set_from_siblings(&self, load: u32, cluster: &ClusterLoad) {
+        self.from_siblings.store(load, Ordering::Relaxed);
+        self.update(cluster);
+    }
+
+    pub fn set_from_engine(&self, load: u32, cluster: &ClusterLoad) {
+        self.from_engine.store(load, Ordering::Relaxed);
+        self.update(cluster);
+    }
+
+    fn update(&self, cluster: &ClusterLoad) {
+        let siblings = self.from_siblings.load(Ordering::Relaxed);
+        let external = if cluster.siblings.load(Ordering::Relaxed) {
+            siblings
+        } else {
+            siblings.max(self.from_engine.load(Ordering::Relaxed))
+        };
+        let before = self.external.swap(external, Ordering::AcqRel);
+        let total = &cluster.external;
+        total.fetch_add(u64::from(external), Ordering::Relaxed);
+        total.fetch_sub(u64::from(before), Ordering::Relaxed);
+        // Room that others' load gave back is capacity nobody else announces.
+        if external < before {
+            cluster.waiters.wake_front();
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The default policy: the cheapest of the key's first peers, and of the peers holding part of
+//! its prompt, by the cost rule ([`crate::routing::cost`]), under the bound (floored at what the
+//! engine runs at once). Another peer must beat the prompt's home by a margin, so that noise
+//! does not move keys.
+
+use std::sync::Arc;
+
+use super::balance::{Balance, BoundInputs};
+use super::decision::{Decision, Demand, Route, Routed};
+use super::view::View;
+use crate::routing::cost::{Pricing, MAX_CANDIDATES};
+use crate::routing::peer::Peer;
+use crate::routing::record::Holdings;
+
+/// Prices the first usable peers of the key's walk and the peers that hold part of the
+/// prompt lately (and, for a new conversation on a shared prefix, the least loaded peer,
+/// with the conversation's turns to come), and takes the cheapest one under its bound;
+/// when all of those are at theirs, the first peer further on with room. Another peer wins
+/// over the prompt's home (its primary, or the peer holding most of it once the record has
+/// seen its conversation) only by more than the tuning's `spill_margin` (and, from a
+/// conversation's own home, its `spill_share` of home's cost), and ties go to home, then to
+/// the earlier peer of the walk, so that processes that see the same loads choose alike and
+/// noise does not move keys.
+pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Decision {
+    let tuning = &balance.cost.tuning;
+    let prompt_tokens = demand.prompt_tokens;
+    let want = balance.cost.candidates.clamp(1, MAX_CANDIDATES) as usize;
+    let held = view.record.holdings(&demand.blocks);
+    let alone = balance.cost.shared_prefix_placement;
+    // The primary holds a conversation the record has not seen by construction: another
+    // process may have sent it there, and no peer holding only its system prompt is priced
+    // above it. With shared-prefix placement, the only process knows better: a
+    // conversation new to it is new, and goes where its system prompt went. So does an
+    // opening, new to every process: no peer holds more of it than its shared part. A key
+    // of which nothing is held anywhere goes to its primary, where every process looks.
+    let by_construction =
+        !held.knows_key() && (held.is_empty() || (!alone && !demand.blocks.is_opening()));
+    let cold = held.is_empty() && !demand.blocks.key_only();
+    let hit_of = |first: bool, peer: &Peer| {
+        let share = held.share(peer.serial());
+        match (by_construction, first) {
+            (true, true) => share.max(tuning.warm_hit),
+            (true, false) => share.min(tuning.warm_hit),
+            (false, _) => share,
+        }
+    };
+    // A new conversation on a shared prefix settles where it goes: its turns to come are
+    // priced there too, each the size of what this one adds to the shared part, and the
+    // least loaded peer is priced beside the holders. A cold peer then wins one when the
+    // warm ones are busy enough that the prefix's prefill pays for itself.
+    let new_conversation = !held.is_empty() && (!held.knows_key() || held.deepest_is_shared());
+    let mut walk = view.ring.walk(hash);
+    let (candidates, steps) = gather(view, &mut walk, want, &held, new_conversation);
+    let (candidates, n) = (candidates.idx, candidates.n);
+    let mut hits = [0.0; MAX_CANDIDATES as usize];
+    for (place, &idx) in candidates[..n].iter().enumerate() {
+        hits[place] = hit_of(place == 0, &view.peers[idx]);
+    }
+    // Where the prompt is at home: the peer holding most of it once the record has seen
+    // this conversation (its newest turns are there), else its primary. Another peer must
+    // beat home by the margin, so that noise moves neither.
+    let holds_most = (0..n).fold(0, |best, p| if hits[p] > hits[best] { p } else { best });
+    let home = if by_construction { 0 } else { holds_most };
+    let turn_tokens = if new_conversation {
+        balance.cost.uncached(prompt_tokens, hits[holds_most]) as u32
+    } else {
+        0
+    };
+    // (cost in whole milliseconds, ring index, place among the priced, share held). Costs
+    // are compared to the millisecond: finer differences are noise of each process's
+    // learned stream times, and would break ties that processes should break alike.
+    let mut priced = [(0u64, 0, 0, 0.0); MAX_CANDIDATES as usize];
+    for (place, &idx) in candidates[..n].iter().enumerate() {
+        let peer = &view.peers[idx];
+        let hit = hits[place];
+        let mut cost = balance.cost.estimate(&peer.pricing(hit), prompt_tokens);
+        if new_conversation {
+            // Later turns come after the prefill queued there now has drained.
+            let later = Pricing {
+                prefill_queue: 0,
+                ..peer.pricing(0.0)
+            };
+            cost += tuning.future_turns * balance.cost.estimate(&later, turn_tokens);
+        }
+        priced[place] = ((cost * 1000.0).round() as u64, idx, place, hit);
+    }
+    // A conversation's own turns leave its history only for a clear gain; a new one
+    // leaves home for any.
+    let conversation = held.conversation_home();
+    let spill_margin = tuning.spill_margin.as_millis() as u64;
+    let margin = match conversation {
+        Some(_) => spill_margin.max((priced[home].0 as f64 * tuning.spill_share) as u64),
+        None => spill_margin,
+    };
+    for p in priced[..n].iter_mut().filter(|p| p.2 != home) {
+        p.0 += margin;
+    }
+    let priced = &mut priced[..n];
+    priced.sort_unstable_by_key(|&(cost, _, place, _)| (cost, place != home, place));
+    let record = |peer: &Peer, moved: bool| {
+        // A key without its prompt that stays home, as most do, is left out: what the
+        // record would say of it, the ring says already.
+        if moved || !held.is_empty() || !demand.blocks.key_only() {
+            view.record.record(&demand.blocks, peer.serial());
+        }
+    };
+    for &(_, idx, place, hit) in priced.iter() {
+        let peer = &view.peers[idx];
+        let bound = balance.bound(BoundInputs {
+            conversation_home: conversation == Some(peer.serial()),
+            ..view.bound_inputs(peer)
+        });
+        let Some(mut slot) = peer.try_take(bound) else {
+            continue;
+        };
+        // Nobody holds a prompt the record has never seen served: the primary's share is
+        // assumed for the choice (another process may have warmed it), but the prefill it
+        // queues there is expected whole, so that the next requests for the prompt do not
+        // wait behind it as if it were a turn.
+        let expected = if cold { 0.0 } else { hit };
+        slot.expect_prefill(balance.cost.uncached(prompt_tokens, expected));
+        let route = match place {
+            0 => Route::Primary,
+            _ if hit > 0.0 => Route::Replica,
+            _ => Route::Overflow,
+        };
+        record(peer, place > 0);
+        return Decision::Routed(Routed { slot, route, steps });
+    }
+    let take = |p: &Arc<Peer>| {
+        let mut slot = p.try_take(view.bound(balance, p))?;
+        slot.expect_prefill(balance.cost.uncached(prompt_tokens, 0.0));
+        record(p, true);
+        Some(slot)
+    };
+    let seen = priced.len() as u32;
+    match view.walk_select(walk, seen, take) {
+        Decision::Routed(r) => Decision::Routed(Routed {
+            steps: steps + r.steps - seen,
+            ..r
+        }),
+        other => other,
+    }
+}
+
+/// Peers priced for one request, by ring index, in the order they were found.
+struct Candidates {
+    idx: [usize; MAX_CANDIDATES as usize],
+    n: usize,
+}
+
+impl Candidates {
+    fn push(&mut self, idx: usize) {
+        self.idx[self.n] = idx;
+        self.n += 1;
+    }
+
+    fn full(&self) -> bool {
+        self.n == self.idx.len()
+    }
+}
+
+/// The first `want` usable peers of `walk` and the usable peers that hold part of the prompt
+/// (and, for a new conversation on a shared prefix, the least loaded other one), with the
+/// steps taken on the walk.
+fn gather(
+    view: &View,
+    walk: &mut impl Iterator<Item = usize>,
+    want: usize,
+    held: &Holdings,
+    new_conversation: bool,
+) -> (Candidates, u32) {
+    let mut candidates = Candidates {
+        idx: [0; MAX_CANDIDATES as usize],
+        n: 0,
+    };
+    let mut steps = 0;
+    while candidates.n < want {
+        let Some(idx) = walk.next() else { break };
+        steps += 1;
+        if view.usable(&view.peers[idx]) {
+            candidates.push(idx);
+        }
+    }
+    // The peers that hold part of the prompt are priced wherever they are on the walk: a
+    // conversation that moved may have moved past its first peers.
+    if !held.is_empty() {
+        let mut idlest: Option<usize> = None;
+        for (idx, peer) in view.peers.iter().enumerate() {
+            if !view.usable(peer) || candidates.idx[..candidates.n].contains(&idx) {
+                continue;
+            }
+            if !candidates.full() && held.holds(peer.serial()) {
+                candidates.push(idx);
+            } else if idlest.is_none_or(|i| peer.load() < view.peers[i].load()) {
+                idlest = Some(idx);
+            }
+        }
+        // Not a candidate when it was looked at, and only holders were added since.
+        if let Some(idx) = idlest.filter(|_| new_conversation && !candidates.full()) {
+            candidates.push(idx);
+        }
+    }
+    (candidates, steps)
+}

@@ -1,0 +1,225 @@
+//! The record's fixed table: sets of four entries, each a block's name and the peers (ways)
+//! that served it, with the tick they last did. A new block takes the entry of its set that
+//! the fewest recent prompts touched (least recently used, by a stamp per recorded prompt), so
+//! however many prompts pass, its memory does not grow.
+//!
+//! Entries are plain atomics without a lock, so two prompts racing for one entry may leave it
+//! mixed: the worst outcome is one request priced as warm that was not.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Peers remembered per block: a hot system prompt is cached on this many GPUs at most, as far
+/// as the record tells.
+pub const WAYS: usize = 8;
+
+/// Entries per set.
+const SET: usize = 4;
+
+#[derive(Debug, Default)]
+pub struct Entry {
+    key: AtomicU64,
+    /// Each way packs a peer serial (high half) and the tick it last served the block (low).
+    ways: [AtomicU64; WAYS],
+    /// The stamp of the prompt that last served the block: the order a set evicts in, finer
+    /// than the ticks.
+    touched: AtomicU32,
+}
+
+#[derive(Debug, Default)]
+struct Set {
+    entries: [Entry; SET],
+}
+
+/// The fresh ways of one entry, as read at one moment: (serial, tick).
+pub type Ways = [(u32, u32); WAYS];
+
+/// Which ways read as fresh: served after `floor`, and fewer than `warm` ticks before `now`.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub now: u32,
+    pub floor: u32,
+    pub warm: u32,
+}
+
+impl Entry {
+    /// The ways served within `window`; the others read as empty. A way stamped with the very
+    /// tick of a forget predates it: the record stamps later ones with the next tick.
+    pub fn fresh(&self, window: Window) -> Ways {
+        let mut out = Ways::default();
+        for (w, o) in self.ways.iter().zip(&mut out) {
+            let (serial, seen) = unpack(w.load(Ordering::Relaxed));
+            if serial != 0 && seen > window.floor && window.now.saturating_sub(seen) < window.warm {
+                *o = (serial, seen);
+            }
+        }
+        out
+    }
+}
+
+/// Whether `serial` is one of `ways`.
+pub fn named(ways: &Ways, serial: u32) -> bool {
+    ways.iter().any(|&(s, _)| s == serial)
+}
+
+#[derive(Debug)]
+pub struct Table {
+    sets: Box<[Set]>,
+    used: AtomicU64,
+    evictions: AtomicU64,
+    /// Counts recorded prompts, wrapping: each stamps the entries it touches.
+    stamps: AtomicU32,
+}
+
+impl Table {
+    /// A table of at most `bytes` of memory (at least one set).
+    pub fn with_bytes(bytes: usize) -> Self {
+        let n = (bytes / std::mem::size_of::<Set>()).max(1);
+        Self {
+            sets: std::iter::repeat_with(Set::default).take(n).collect(),
+            used: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            stamps: AtomicU32::new(0),
+        }
+    }
+
+    /// Memory of the table, allocated once.
+    pub fn bytes(&self) -> u64 {
+        std::mem::size_of_val(&*self.sets) as u64
+    }
+
+    pub fn capacity(&self) -> u64 {
+        (self.sets.len() * SET) as u64
+    }
+
+    /// Entries that hold a block.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Blocks forgotten to make room for others.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, hash: u64) -> &Set {
+        // Names are Murmur3 hashes: their high bits are as good as any and not the ring's.
+        &self.sets[((hash >> 32) % self.sets.len() as u64) as usize]
+    }
+
+    pub fn find(&self, hash: u64) -> Option<&Entry> {
+        self.set(hash)
+            .entries
+            .iter()
+            .find(|e| e.key.load(Ordering::Relaxed) == hash)
+    }
+
+    /// Notes that `peer` served the blocks named `hashes` at tick `now`, as one prompt.
+    pub fn record(&self, hashes: &[u64], peer: u32, now: u32) {
+        let stamp = self.stamps.fetch_add(1, Ordering::Relaxed);
+        for &hash in hashes {
+            self.record_at(hash, peer, now, stamp);
+        }
+    }
+
+    fn entry_for(&self, hash: u64, stamp: u32) -> &Entry {
+        if let Some(e) = self.find(hash) {
+            e.touched.store(stamp, Ordering::Relaxed);
+            return e;
+        }
+        let set = self.set(hash);
+        for e in &set.entries {
+            if e.key
+                .compare_exchange(0, hash, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.used.fetch_add(1, Ordering::Relaxed);
+                e.touched.store(stamp, Ordering::Relaxed);
+                return e;
+            }
+        }
+        // The entry served longest ago makes room.
+        let age = |e: &Entry| stamp.wrapping_sub(e.touched.load(Ordering::Relaxed));
+        let e = set
+            .entries
+            .iter()
+            .max_by_key(|e| age(e))
+            .unwrap_or(&set.entries[0]);
+        e.touched.store(stamp, Ordering::Relaxed);
+        e.key.store(hash, Ordering::Relaxed);
+        // Its peers held another block, not this one.
+        for w in &e.ways {
+            w.store(0, Ordering::Relaxed);
+        }
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        e
+    }
+
+    pub fn record_at(&self, hash: u64, peer: u32, now: u32, stamp: u32) {
+        let e = self.entry_for(hash, stamp);
+        // The way already naming the peer, else the one served longest ago (empty ways are
+        // oldest of all).
+        let mut target = 0;
+        let mut oldest = u32::MAX;
+        for (i, w) in e.ways.iter().enumerate() {
+            let (serial, seen) = unpack(w.load(Ordering::Relaxed));
+            if serial == peer {
+                target = i;
+                break;
+            }
+            if seen < oldest {
+                oldest = seen;
+                target = i;
+            }
+        }
+        e.ways[target].store(pack(peer, now), Ordering::Relaxed);
+    }
+}
+
+fn pack(serial: u32, seen: u32) -> u64 {
+    (u64::from(serial) << 32) | u64::from(seen)
+}
+
+fn unpack(way: u64) -> (u32, u32) {
+    ((way >> 32) as u32, way as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_set_forgets_the_block_served_longest_ago() {
+        // One set: four entries.
+        let r = Table::with_bytes(1);
+        assert_eq!(r.capacity(), SET as u64);
+        for (block, stamp) in [(1u64, 5), (2, 3), (3, 9), (4, 7)] {
+            r.record_at(block << 32, 1, 1, stamp);
+        }
+        assert_eq!(r.used(), 4);
+        r.record_at(5 << 32, 1, 1, 10);
+        assert!(r.find(2 << 32).is_none(), "stamped 3, the oldest");
+        for block in [1u64, 3, 4, 5] {
+            assert!(r.find(block << 32).is_some(), "block {block}");
+        }
+        let new = r.find(5 << 32).unwrap().fresh(Window {
+            now: 1,
+            floor: 0,
+            warm: 600,
+        });
+        assert_eq!(
+            new.iter().filter(|w| w.0 != 0).count(),
+            1,
+            "the old block's peers go"
+        );
+        assert_eq!(r.evictions(), 1);
+        assert_eq!(r.used(), 4);
+    }
+
+    #[test]
+    fn the_budget_sizes_the_table() {
+        let r = Table::with_bytes(16 << 20);
+        let (bytes, capacity) = (r.bytes(), r.capacity());
+        assert!(bytes <= 16 << 20 && bytes > 15 << 20, "{bytes}");
+        assert_eq!(capacity * std::mem::size_of::<Entry>() as u64, bytes);
+    }
+}
