@@ -119,7 +119,9 @@ impl Engine {
             .stdout(out.try_clone().unwrap())
             .stderr(out);
         // Should the test process die without unwinding (a signal, an abort), the engine goes
-        // with it rather than living on as an orphan holding its port and 300 MB.
+        // with it rather than living on as an orphan holding its port and 300 MB. The signal
+        // comes when the spawning thread ends: a test's own thread, which outlives its engines
+        // (a runtime's worker thread might not).
         unsafe {
             command.pre_exec(|| {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
