@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::common::*;
 use crate::routers::Router;
-use crate::setup::{CACHE_TOKENS, MAX_RUNNING, SESSION_HEADER, SPEED};
+use crate::setup::{SimModel, MODEL_NAME, SESSION_HEADER, SPEED};
 use crate::workload::{workload, Session, Shape};
 
 /// What the simulator answers to `n` tokens: the history every next turn carries.
@@ -70,13 +70,13 @@ pub async fn run_session(c: Client, index: usize, s: Session, stats: Arc<Mutex<V
             lines.push_str(&format!("user: {}\n", t.user));
             (
                 format!("http://{lb}/v1/chat/completions"),
-                json!({"model": "m", "stream": true, "max_tokens": t.max_tokens, "messages": messages}),
+                json!({"model": MODEL_NAME, "stream": true, "max_tokens": t.max_tokens, "messages": messages}),
             )
         } else {
             text.push_str(&format!("Doctor: {}\nAssistant: ", t.user));
             (
                 format!("http://{lb}/v1/completions"),
-                json!({"model": "m", "stream": true, "max_tokens": t.max_tokens, "prompt": text}),
+                json!({"model": MODEL_NAME, "stream": true, "max_tokens": t.max_tokens, "prompt": text}),
             )
         };
         let prompt: Arc<str> = if s.chat { &lines } else { &text }.as_str().into();
@@ -134,6 +134,8 @@ pub async fn run_session(c: Client, index: usize, s: Session, stats: Arc<Mutex<V
 pub struct RunResult {
     pub shape: Shape,
     pub router: Router,
+    pub model: SimModel,
+    pub seed: u64,
     pub stats: Vec<Stat>,
     pub wall: Duration,
     pub hit_ratio: f64,
@@ -155,17 +157,13 @@ pub async fn scrape(c: &reqwest::Client, gpu: SocketAddr) -> String {
     }
 }
 
-pub async fn run(shape: Shape, router: Router) -> Result<RunResult, String> {
-    let sim_args: Vec<String> = [
-        "--speed".to_owned(),
-        SPEED.to_string(),
-        "--cache-tokens".to_owned(),
-        CACHE_TOKENS.to_string(),
-        "--max-running".to_owned(),
-        MAX_RUNNING.to_string(),
-    ]
-    .to_vec();
-    let (_sims, gpus) = start_sims(shape.gpus(), &sim_args).await;
+pub async fn run(
+    shape: Shape,
+    router: Router,
+    model: SimModel,
+    seed: u64,
+) -> Result<RunResult, String> {
+    let (_sims, gpus) = start_sims(shape.gpus(), &model.sim_args(shape.gpus())).await;
     let (addrs, running) = router.start(&gpus).await?;
     let entry = Arc::new(Entry {
         addrs,
@@ -177,7 +175,7 @@ pub async fn run(shape: Shape, router: Router) -> Result<RunResult, String> {
         .unwrap();
     let stats = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
-    let tasks: Vec<_> = workload(shape)
+    let tasks: Vec<_> = workload(shape, seed)
         .into_iter()
         .enumerate()
         .map(|(i, s)| {
@@ -236,6 +234,8 @@ pub async fn run(shape: Shape, router: Router) -> Result<RunResult, String> {
     Ok(RunResult {
         shape,
         router,
+        model,
+        seed,
         stats,
         wall,
         hit_ratio: if queries > 0.0 { hits / queries } else { 0.0 },

@@ -6,17 +6,22 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::setup::SEED;
-
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Shape {
     Hot,
     Chats,
     Long,
     Prompts,
+    Histories,
 }
 
-pub const SHAPES: [Shape; 4] = [Shape::Hot, Shape::Chats, Shape::Long, Shape::Prompts];
+pub const SHAPES: [Shape; 5] = [
+    Shape::Hot,
+    Shape::Chats,
+    Shape::Long,
+    Shape::Prompts,
+    Shape::Histories,
+];
 
 impl Shape {
     pub fn name(self) -> &'static str {
@@ -25,6 +30,7 @@ impl Shape {
             Shape::Chats => "chats",
             Shape::Long => "long",
             Shape::Prompts => "prompts",
+            Shape::Histories => "histories",
         }
     }
 
@@ -105,8 +111,8 @@ pub fn department(rng: &mut StdRng, n: usize, hot: f64) -> usize {
     }
 }
 
-pub fn workload(shape: Shape) -> Vec<Session> {
-    let mut rng = StdRng::seed_from_u64(SEED ^ shape as u64);
+pub fn workload(shape: Shape, seed: u64) -> Vec<Session> {
+    let mut rng = StdRng::seed_from_u64(seed ^ shape as u64);
     match shape {
         Shape::Hot => {
             let prompts = departments(&mut rng, 6, 2500..5000);
@@ -177,5 +183,18 @@ pub fn workload(shape: Shape) -> Vec<Session> {
                 })
                 .collect()
         }
+        // Sessions whose histories outgrow the caches: 56 sessions of 10 to 14 turns, each
+        // with its own 6-8 KB system prompt and 1.5-3 KB a question, all under way within
+        // ten seconds. Each ends near 40 KB (10-12k tokens); together their histories reach
+        // about twice the four GPUs' 65,536-token caches, so a router that copies a history
+        // onto a second GPU evicts another's, and evictions decide the hits.
+        Shape::Histories => (0..56)
+            .map(|i| Session {
+                start: Duration::from_millis(rng.random_range(0..10_000)),
+                chat: true,
+                system: format!("You are assistant {i}. {}", words(&mut rng, 6000..8000)).into(),
+                turns: turns(&mut rng, 10..15, 1500..3000),
+            })
+            .collect(),
     }
 }
