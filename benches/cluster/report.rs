@@ -101,6 +101,8 @@ impl RunResult {
             "mean_e2e_ms": self.mean_e2e(),
             "throughput_rps": ok as f64 / self.wall.as_secs_f64(),
             "prefix_cache_hit_ratio": self.hit_ratio,
+            "evicted_blocks": self.evictions,
+            "preemptions": self.preemptions,
             "load_imbalance": self.imbalance(),
             "peak_gpu_load": self.peak_load,
             "prefixlb_routes": self.routes,
@@ -123,7 +125,7 @@ pub fn print_table(shape: Shape, model: SimModel, rows: &[Row]) {
         seeds.join(", "),
     );
     println!(
-        "{:<44} {:>16} {:>18} {:>18} {:>18} {:>11} {:>18} {:>16} {:>5}",
+        "{:<44} {:>16} {:>18} {:>18} {:>18} {:>11} {:>18} {:>16} {:>5} {:>10} {:>8}",
         "router",
         "TTFT p50 ms",
         "TTFT p99 ms",
@@ -132,12 +134,14 @@ pub fn print_table(shape: Shape, model: SimModel, rows: &[Row]) {
         "errors",
         "cache hit %",
         "imbalance",
-        "peak"
+        "peak",
+        "evicted",
+        "preempt"
     );
     for row in rows {
         let (failed, all) = row.errors();
         println!(
-            "{:<44} {:>16} {:>18} {:>18} {:>18} {:>11} {:>18} {:>16} {:>5.0}",
+            "{:<44} {:>16} {:>18} {:>18} {:>18} {:>11} {:>18} {:>16} {:>5.0} {:>10.0} {:>8.0}",
             row.router.name(),
             row.p(50.0).show(0),
             row.p(99.0).show(0),
@@ -147,6 +151,8 @@ pub fn print_table(shape: Shape, model: SimModel, rows: &[Row]) {
             row.hits().show(1),
             row.imbalance().show(2),
             row.peak_load(),
+            row.evictions(),
+            row.preemptions(),
         );
     }
 }

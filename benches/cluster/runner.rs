@@ -139,6 +139,10 @@ pub struct RunResult {
     pub stats: Vec<Stat>,
     pub wall: Duration,
     pub hit_ratio: f64,
+    /// Cached prefix blocks the GPUs evicted, and running requests they preempted (engine
+    /// model only).
+    pub evictions: f64,
+    pub preemptions: f64,
     pub served: Vec<f64>,
     /// The most requests (running and waiting) any GPU held at one sample.
     pub peak_load: f64,
@@ -220,10 +224,13 @@ pub async fn run(
     let routes = running.routes().await;
     let access_log = running.access_log();
     let (mut hits, mut queries, mut served) = (0.0, 0.0, Vec::new());
+    let (mut evictions, mut preemptions) = (0.0, 0.0);
     for g in &gpus {
         let m = scrape(&c, *g).await;
         hits += sample(&m, "vllm:prefix_cache_hits_total");
         queries += sample(&m, "vllm:prefix_cache_queries_total");
+        evictions += sample(&m, "gpu_sim:prefix_cache_evictions_total");
+        preemptions += sample(&m, "vllm:num_preemptions_total");
         served.push(sample(&m, "vllm:request_success_total"));
     }
     let stats = stats.lock().unwrap().clone();
@@ -239,6 +246,8 @@ pub async fn run(
         stats,
         wall,
         hit_ratio: if queries > 0.0 { hits / queries } else { 0.0 },
+        evictions,
+        preemptions,
         served,
         peak_load,
         routes,

@@ -8,7 +8,7 @@ pub const CACHE_TOKENS: usize = 65_536;
 /// Divides every simulated duration. At 4 a full run takes about an hour on two cores; the
 /// bench process, the routers and the simulators together stay under one core's worth of CPU
 /// (checked with `time` on single rows), so the CPU does not set the times.
-pub const SPEED: f64 = 4.0;
+pub const SPEED: f64 = 6.0;
 /// The simulator's prefill rate at speed 1 (gpu-sim's default). Only the floor reads it:
 /// prefixlb learns its own rate from what it sees, or keeps its default.
 pub const SIM_PREFILL_TOKENS_PER_SEC: f64 = 10_000.0;

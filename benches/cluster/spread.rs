@@ -88,6 +88,15 @@ impl Row<'_> {
         self.spread(RunResult::lowest_share)
     }
 
+    /// Median blocks evicted over the seeds.
+    pub fn evictions(&self) -> f64 {
+        self.spread(|r| r.evictions).median
+    }
+
+    pub fn preemptions(&self) -> f64 {
+        self.spread(|r| r.preemptions).median
+    }
+
     pub fn peak_load(&self) -> f64 {
         self.runs.iter().map(|r| r.peak_load).fold(0.0, f64::max)
     }

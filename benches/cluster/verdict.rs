@@ -151,6 +151,7 @@ pub fn verdict(
     };
     let (best_p50, p50_by) = best(&|r| r.p(50.0).median);
     let (best_p99, p99_by) = best(&|r| r.p(99.0).median);
+    let (best_excess, excess_by) = best(&|r| r.excess().median);
     let (best_hits, hits_by) = eligible
         .iter()
         .filter(|r| r.p(99.0).median <= 2.0 * best_p99)
@@ -201,7 +202,7 @@ pub fn verdict(
             format!(", p99 floor {floor:.0} ms")
         };
         lines.push(format!(
-            "{head}: {}: p50 {p50:.2}× the best peer's ({p50_by}), p99 {p99:.2}× ({p99_by}){reach}, p99 over the floor {} ms, hits {hits:+.1} points ({hits_by}), {failed}/{all} errors, least-served GPU {lowest:.2}× the mean: {}",
+            "{head}: {}: p50 {p50:.2}× the best peer's ({p50_by}), p99 {p99:.2}× ({p99_by}){reach}, p99 over the floor {} ms against the best peer's {best_excess:.0} ms ({excess_by}), hits {hits:+.1} points ({hits_by}), {failed}/{all} errors, least-served GPU {lowest:.2}× the mean: {}",
             r.router.name(),
             r.excess().show(0),
             if met { "meets the targets" } else { "misses" }

@@ -78,15 +78,17 @@ pub fn think(rng: &mut StdRng, mean_secs: f64) -> Duration {
     Duration::from_secs_f64(-(1.0 - rng.random::<f64>()).ln() * mean_secs)
 }
 
+/// Turns of `chars` characters each, `think_secs` apart on average.
 pub fn turns(
     rng: &mut StdRng,
     count: std::ops::Range<usize>,
     chars: std::ops::Range<usize>,
+    think_secs: f64,
 ) -> Vec<Turn> {
     (0..rng.random_range(count))
         .map(|_| Turn {
             user: words(rng, chars.clone()),
-            think: think(rng, 1.2),
+            think: think(rng, think_secs),
             max_tokens: rng.random_range(24..72),
         })
         .collect()
@@ -128,7 +130,7 @@ pub fn workload(shape: Shape, seed: u64) -> Vec<Session> {
                         start,
                         chat: dept != 0,
                         system: Arc::clone(&prompts[dept]),
-                        turns: turns(&mut rng, 4..9, 600..2400),
+                        turns: turns(&mut rng, 4..9, 600..2400, 1.2),
                     }
                 })
                 .collect()
@@ -138,7 +140,7 @@ pub fn workload(shape: Shape, seed: u64) -> Vec<Session> {
                 start: Duration::from_millis(rng.random_range(0..20_000)),
                 chat: true,
                 system: format!("You are assistant {i}. {}", words(&mut rng, 400..1600)).into(),
-                turns: turns(&mut rng, 3..9, 200..1200),
+                turns: turns(&mut rng, 3..9, 200..1200, 1.2),
             })
             .collect(),
         Shape::Long => {
@@ -160,7 +162,7 @@ pub fn workload(shape: Shape, seed: u64) -> Vec<Session> {
                     ),
                     chat: true,
                     system: Arc::clone(&docs[rng.random_range(0..docs.len())]),
-                    turns: turns(&mut rng, 2..5, 200..800),
+                    turns: turns(&mut rng, 2..5, 200..800, 1.2),
                 })
                 .collect()
         }
@@ -178,22 +180,25 @@ pub fn workload(shape: Shape, seed: u64) -> Vec<Session> {
                         start,
                         chat: false,
                         system: Arc::clone(&prompts[dept]),
-                        turns: turns(&mut rng, 5..6, 300..1500),
+                        turns: turns(&mut rng, 5..6, 300..1500, 1.2),
                     }
                 })
                 .collect()
         }
-        // Sessions whose histories outgrow the caches: 56 sessions of 10 to 14 turns, each
-        // with its own 6-8 KB system prompt and 1.5-3 KB a question, all under way within
-        // ten seconds. Each ends near 40 KB (10-12k tokens); together their histories reach
-        // about twice the four GPUs' 65,536-token caches, so a router that copies a history
-        // onto a second GPU evicts another's, and evictions decide the hits.
-        Shape::Histories => (0..56)
+        // Sessions whose histories outgrow the caches: 64 chats of 6 to 9 turns, each with
+        // its own 3-4 KB system prompt and 1.5-2.5 KB a question, all under way within eight
+        // seconds, thinking 2 s between turns (longer than the other shapes' 1.2 s, so the
+        // GPUs are busy but not saturated). Each ends near 22 KB (5,500 tokens at 4
+        // characters a token, 6,700 at 3.3): eight running still fit one GPU's 65,536-token
+        // pool, but together the histories reach 1.3 times the four GPUs' caches, so a
+        // router that copies a history onto a second GPU evicts another's, and evictions
+        // decide the hits.
+        Shape::Histories => (0..64)
             .map(|i| Session {
-                start: Duration::from_millis(rng.random_range(0..10_000)),
+                start: Duration::from_millis(rng.random_range(0..8_000)),
                 chat: true,
-                system: format!("You are assistant {i}. {}", words(&mut rng, 6000..8000)).into(),
-                turns: turns(&mut rng, 10..15, 1500..3000),
+                system: format!("You are assistant {i}. {}", words(&mut rng, 3000..4000)).into(),
+                turns: turns(&mut rng, 6..10, 1500..2500, 2.0),
             })
             .collect(),
     }
