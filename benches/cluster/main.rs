@@ -69,7 +69,7 @@ struct Filter {
     models: Vec<SimModel>,
     seeds: Vec<u64>,
     routers: Vec<Router>,
-    /// Whether the seeds are the tuning seeds (no verdict is read from them).
+    /// Whether a seed is not a verdict seed: then no verdict is read.
     tuning: bool,
 }
 
@@ -117,6 +117,8 @@ impl Filter {
                     })
             })
             .collect();
+        // A verdict reads the verdict seeds only: any other seed asked for makes a tuning run.
+        let tuning = tuning || seeds.iter().any(|s| !VERDICT_SEEDS.contains(s));
         Filter {
             shapes: if shapes.is_empty() {
                 SHAPES.to_vec()
@@ -195,7 +197,7 @@ async fn main() {
         }
     }
     if filter.tuning {
-        println!("\ntuning seeds: tables only, no verdict is read from them");
+        println!("\nnot the verdict seeds: tables only, no verdict is read from them");
     }
     println!();
     for v in &verdicts {
