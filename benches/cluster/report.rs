@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use crate::common::*;
-use crate::runner::{RunResult, Stat};
-use crate::setup::{CACHE_TOKENS, MAX_RUNNING, SEED, SPEED};
+use crate::runner::RunResult;
+use crate::setup::{SimModel, CACHE_TOKENS, MAX_RUNNING, SPEED, TUNING_SEEDS, VERDICT_SEEDS};
+use crate::spread::Row;
 use crate::verdict::ttft_floors;
 use crate::workload::Shape;
 
@@ -28,9 +29,45 @@ impl RunResult {
 
     /// The TTFT percentile `q` that no router could have gone below on this run's arrivals.
     pub fn floor(&self, q: f64) -> f64 {
-        let mut v = ttft_floors(&self.stats);
+        let mut v = ttft_floors(&self.stats, self.model.chars_per_ms());
         v.sort_by(f64::total_cmp);
         percentile(&v, q)
+    }
+
+    /// The p99 of what each answered request waited beyond its own floor: the part of the
+    /// TTFT the routing (and the GPUs' queues) added.
+    pub fn excess_p99(&self) -> f64 {
+        let floors = ttft_floors(&self.stats, self.model.chars_per_ms());
+        let mut v: Vec<f64> = self
+            .stats
+            .iter()
+            .zip(floors)
+            .filter(|(s, _)| s.ok)
+            .map(|(s, floor)| s.ttft_ms - floor)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        percentile(&v, 99.0)
+    }
+
+    pub fn mean_e2e(&self) -> f64 {
+        let ok: Vec<f64> = self
+            .stats
+            .iter()
+            .filter(|s| s.ok)
+            .map(|s| s.e2e_ms)
+            .collect();
+        ok.iter().sum::<f64>() / ok.len().max(1) as f64
+    }
+
+    /// The most-served GPU's requests over the mean.
+    pub fn imbalance(&self) -> f64 {
+        let mean = self.served.iter().sum::<f64>() / self.served.len().max(1) as f64;
+        let most = self.served.iter().copied().fold(0.0, f64::max);
+        if mean > 0.0 {
+            most / mean
+        } else {
+            0.0
+        }
     }
 
     /// The least-served GPU's requests over the mean: how far below its share one fell.
@@ -49,23 +86,24 @@ impl RunResult {
     }
 
     pub fn summary(&self) -> serde_json::Value {
-        let ok: Vec<&Stat> = self.stats.iter().filter(|s| s.ok).collect();
-        let mean_e2e = ok.iter().map(|s| s.e2e_ms).sum::<f64>() / ok.len().max(1) as f64;
-        let total: f64 = self.served.iter().sum();
-        let mean_share = total / self.served.len() as f64;
-        let max_share = self.served.iter().copied().fold(0.0, f64::max);
+        let ok = self.stats.iter().filter(|s| s.ok).count();
         json!({
             "workload": self.shape.name(),
+            "model": self.model.name(),
+            "seed": self.seed,
             "router": self.router.name(),
             "gpus": self.served.len(),
             "requests": self.stats.len(),
             "errors": self.errors(),
             "ttft_ms": {"p50": self.p(50.0), "p90": self.p(90.0), "p99": self.p(99.0)},
             "ttft_p99_floor_ms": self.floor(99.0),
-            "mean_e2e_ms": mean_e2e,
-            "throughput_rps": ok.len() as f64 / self.wall.as_secs_f64(),
+            "ttft_p99_excess_over_floor_ms": self.excess_p99(),
+            "mean_e2e_ms": self.mean_e2e(),
+            "throughput_rps": ok as f64 / self.wall.as_secs_f64(),
             "prefix_cache_hit_ratio": self.hit_ratio,
-            "load_imbalance": if mean_share > 0.0 { max_share / mean_share } else { 0.0 },
+            "evicted_blocks": self.evictions,
+            "preemptions": self.preemptions,
+            "load_imbalance": self.imbalance(),
             "peak_gpu_load": self.peak_load,
             "prefixlb_routes": self.routes,
             "requests_per_gpu": self.served,
@@ -73,44 +111,48 @@ impl RunResult {
     }
 }
 
-pub fn print_table(shape: Shape, results: &[&RunResult]) {
+/// One shape on one model: every router's medians over the seeds, (min-max) beside.
+pub fn print_table(shape: Shape, model: SimModel, rows: &[Row]) {
+    let seeds: Vec<String> = rows
+        .first()
+        .map(|r| r.seeds().iter().map(u64::to_string).collect())
+        .unwrap_or_default();
     println!(
-        "\n{}: {} simulated GPUs ({MAX_RUNNING} running each), seed {SEED}, simulator speed {SPEED}x (times are wall clock)\n",
+        "\n{} on the {} model: {} simulated GPUs ({MAX_RUNNING} running each), seeds {}, simulator speed {SPEED}x (times are wall clock); medians over the seeds, (min-max) beside\n",
         shape.name(),
-        shape.gpus()
+        model.name(),
+        shape.gpus(),
+        seeds.join(", "),
     );
     println!(
-        "{:<48} {:>8} {:>9} {:>9} {:>10} {:>7} {:>9} {:>9} {:>9}  routes",
+        "{:<44} {:>16} {:>18} {:>18} {:>18} {:>11} {:>18} {:>16} {:>5} {:>10} {:>8}",
         "router",
-        "TTFT p50",
-        "TTFT p90",
-        "TTFT p99",
-        "mean e2e",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "p99 over floor ms",
+        "mean e2e ms",
         "errors",
-        "cache hit",
+        "cache hit %",
         "imbalance",
-        "peak load"
+        "peak",
+        "evicted",
+        "preempt"
     );
-    for r in results {
-        let s = r.summary();
-        let total: f64 = r.routes.values().sum();
-        let routes: Vec<String> = r
-            .routes
-            .iter()
-            .map(|(k, v)| format!("{k} {:.0}%", v / total * 100.0))
-            .collect();
+    for row in rows {
+        let (failed, all) = row.errors();
         println!(
-            "{:<48} {:>6.0}ms {:>7.0}ms {:>7.0}ms {:>8.0}ms {:>7} {:>8.1}% {:>9.2} {:>9.0}  {}",
-            r.router.name(),
-            r.p(50.0),
-            r.p(90.0),
-            r.p(99.0),
-            s["mean_e2e_ms"].as_f64().unwrap(),
-            r.errors(),
-            r.hit_ratio * 100.0,
-            s["load_imbalance"].as_f64().unwrap(),
-            r.peak_load,
-            routes.join(", "),
+            "{:<44} {:>16} {:>18} {:>18} {:>18} {:>11} {:>18} {:>16} {:>5.0} {:>10.0} {:>8.0}",
+            row.router.name(),
+            row.p(50.0).show(0),
+            row.p(99.0).show(0),
+            row.excess().show(0),
+            row.mean_e2e().show(0),
+            format!("{failed}/{all}"),
+            row.hits().show(1),
+            row.imbalance().show(2),
+            row.peak_load(),
+            row.evictions(),
+            row.preemptions(),
         );
     }
 }
@@ -158,8 +200,10 @@ pub fn moves(r: &RunResult) -> Option<String> {
     moved.sort_by(f64::total_cmp);
     stayed.sort_by(f64::total_cmp);
     Some(format!(
-        "{}: {}: {} of {} later turns left the peer of the turn before (TTFT p50 {:.0} ms, p90 {:.0} ms; those that stayed {:.0} / {:.0} ms)",
+        "{} on {}, seed {}: {}: {} of {} later turns left the peer of the turn before (TTFT p50 {:.0} ms, p90 {:.0} ms; those that stayed {:.0} / {:.0} ms)",
         r.shape.name(),
+        r.model.name(),
+        r.seed,
         r.router.name(),
         moved.len(),
         moved.len() + stayed.len(),
@@ -183,14 +227,16 @@ pub fn write_files(
         .map(|r| {
             json!({
                 "workload": r.shape.name(),
+                "model": r.model.name(),
+                "seed": r.seed,
                 "router": r.router.name(),
                 "load": r.load.iter().map(|(t, row)| json!({"t": t, "per_gpu": row})).collect::<Vec<_>>(),
             })
         })
         .collect();
     let out = json!({
-        "max_running": MAX_RUNNING, "cache_tokens": CACHE_TOKENS, "seed": SEED,
-        "speed": SPEED, "results": summaries, "verdicts": verdicts, "skipped": skipped,
+        "max_running": MAX_RUNNING, "cache_tokens": CACHE_TOKENS,
+        "tuning_seeds": TUNING_SEEDS, "verdict_seeds": VERDICT_SEEDS, "speed": SPEED, "results": summaries, "verdicts": verdicts, "skipped": skipped,
         "load_over_time": load,
     });
     std::fs::write(
@@ -198,12 +244,15 @@ pub fn write_files(
         serde_json::to_string_pretty(&out).unwrap(),
     )
     .unwrap();
-    let mut requests = String::from("workload,router,session,turn,sent_ms,ttft_ms,e2e_ms,ok\n");
+    let mut requests =
+        String::from("workload,model,seed,router,session,turn,sent_ms,ttft_ms,e2e_ms,ok\n");
     for r in results {
         for s in &r.stats {
             requests.push_str(&format!(
-                "{},\"{}\",{},{},{:.1},{:.1},{:.1},{}\n",
+                "{},{},{},\"{}\",{},{},{:.1},{:.1},{:.1},{}\n",
                 r.shape.name(),
+                r.model.name(),
+                r.seed,
                 r.router.name(),
                 s.session,
                 s.turn,
@@ -220,7 +269,12 @@ pub fn write_files(
                 .chars()
                 .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                 .collect();
-            let path = dir.join(format!("access-{}-{slug}.log", r.shape.name()));
+            let path = dir.join(format!(
+                "access-{}-{}-{}-{slug}.log",
+                r.shape.name(),
+                r.model.name(),
+                r.seed
+            ));
             std::fs::write(path, &r.access_log).unwrap();
         }
     }

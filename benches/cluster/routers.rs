@@ -3,9 +3,11 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use crate::common::peers::{start_haproxy, start_sglang_router, start_vllm_router};
+use crate::common::peers::{
+    start_haproxy, start_haproxy_with, start_sglang_router, start_smg, start_vllm_router,
+};
 use crate::common::*;
-use crate::setup::{MAX_IN_FLIGHT, PREFILL_TOKENS_PER_SEC, REPLICAS};
+use crate::setup::{MAX_IN_FLIGHT, MAX_RUNNING, REPLICAS, SESSION_HEADER};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Router {
@@ -20,10 +22,17 @@ pub enum Router {
     },
     Vllm(&'static str),
     Sglang(&'static str),
+    Smg {
+        policy: &'static str,
+        /// Sessions kept on their worker by the session header (`--routing-key-override`).
+        sticky: bool,
+    },
     Haproxy(&'static str),
+    /// HAProxy's consistent hashing of the session header, bounded to 1.25 of the mean load.
+    HaproxyBounded,
 }
 
-pub const ROUTERS: [Router; 11] = [
+pub const ROUTERS: [Router; 15] = [
     Router::Prefixlb {
         policy: "least_cost",
         replicas: 1,
@@ -69,8 +78,21 @@ pub const ROUTERS: [Router; 11] = [
     Router::Vllm("sticky_least_loaded"),
     Router::Vllm("consistent_hash"),
     Router::Sglang("cache_aware"),
+    Router::Smg {
+        policy: "cache_aware",
+        sticky: false,
+    },
+    Router::Smg {
+        policy: "prefix_hash",
+        sticky: false,
+    },
+    Router::Smg {
+        policy: "cache_aware",
+        sticky: true,
+    },
     Router::Haproxy("roundrobin"),
     Router::Haproxy("leastconn"),
+    Router::HaproxyBounded,
 ];
 
 impl Router {
@@ -98,7 +120,16 @@ impl Router {
             }
             Router::Vllm(p) => format!("vllm-router {p}, session header"),
             Router::Sglang(p) => format!("sglang-router {p}"),
+            Router::Smg { policy, sticky } => {
+                let sticky = if sticky {
+                    ", sticky session header"
+                } else {
+                    ""
+                };
+                format!("smg {policy}{sticky}")
+            }
             Router::Haproxy(b) => format!("haproxy {b}"),
+            Router::HaproxyBounded => "haproxy bounded hash, session header".to_owned(),
         }
     }
 
@@ -110,7 +141,8 @@ impl Router {
         match self {
             Router::Prefixlb { header, .. } => header,
             // Its sticky policies key on the header; without one, chat requests all hash alike.
-            Router::Vllm(_) => true,
+            Router::Vllm(_) | Router::HaproxyBounded => true,
+            Router::Smg { sticky, .. } => sticky,
             Router::Sglang(_) | Router::Haproxy(_) => false,
         }
     }
@@ -129,7 +161,6 @@ impl Router {
                     .peers_at(gpus.iter().copied())
                     .max_in_flight(MAX_IN_FLIGHT)
                     .policy(policy)
-                    .prefill_tokens_per_second(PREFILL_TOKENS_PER_SEC)
                     .shared_prefix_placement(placement)
                     .no_health_check()
                     .engine_metrics(true);
@@ -159,11 +190,28 @@ impl Router {
                 Ok((vec![addr], Running::Other(child)))
             }
             Router::Sglang(policy) => {
-                let (addr, child) = start_sglang_router(gpus, policy).await?;
+                let (addr, child) = start_sglang_router(gpus, policy, MAX_RUNNING).await?;
+                Ok((vec![addr], Running::Other(child)))
+            }
+            Router::Smg { policy, sticky } => {
+                let header = sticky.then_some(SESSION_HEADER);
+                let (addr, child) = start_smg(gpus, policy, MAX_RUNNING, header).await?;
                 Ok((vec![addr], Running::Other(child)))
             }
             Router::Haproxy(balance) => {
                 let (addr, child) = start_haproxy(gpus, balance, false, 4096, "").await?;
+                Ok((vec![addr], Running::Other(child)))
+            }
+            Router::HaproxyBounded => {
+                // HAProxy's own answer to sticky-but-balanced (configuration manual,
+                // `hash-balance-factor`): a session's requests hash to one server on a
+                // consistent ring, and a server already above 125% of the mean load (the
+                // manual's example value, 1.25 as in SMG's prefix_hash) passes the request to
+                // the next on the ring.
+                let backend = format!(
+                    "  balance hdr({SESSION_HEADER})\n  hash-type consistent\n  hash-balance-factor 125\n"
+                );
+                let (addr, child) = start_haproxy_with(gpus, &backend, false, 4096, "").await?;
                 Ok((vec![addr], Running::Other(child)))
             }
         }

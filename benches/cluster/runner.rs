@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::common::*;
 use crate::routers::Router;
-use crate::setup::{CACHE_TOKENS, MAX_RUNNING, SESSION_HEADER, SPEED};
+use crate::setup::{SimModel, MODEL_NAME, SESSION_HEADER, SPEED};
 use crate::workload::{workload, Session, Shape};
 
 /// What the simulator answers to `n` tokens: the history every next turn carries.
@@ -70,13 +70,13 @@ pub async fn run_session(c: Client, index: usize, s: Session, stats: Arc<Mutex<V
             lines.push_str(&format!("user: {}\n", t.user));
             (
                 format!("http://{lb}/v1/chat/completions"),
-                json!({"model": "m", "stream": true, "max_tokens": t.max_tokens, "messages": messages}),
+                json!({"model": MODEL_NAME, "stream": true, "max_tokens": t.max_tokens, "messages": messages}),
             )
         } else {
             text.push_str(&format!("Doctor: {}\nAssistant: ", t.user));
             (
                 format!("http://{lb}/v1/completions"),
-                json!({"model": "m", "stream": true, "max_tokens": t.max_tokens, "prompt": text}),
+                json!({"model": MODEL_NAME, "stream": true, "max_tokens": t.max_tokens, "prompt": text}),
             )
         };
         let prompt: Arc<str> = if s.chat { &lines } else { &text }.as_str().into();
@@ -134,9 +134,15 @@ pub async fn run_session(c: Client, index: usize, s: Session, stats: Arc<Mutex<V
 pub struct RunResult {
     pub shape: Shape,
     pub router: Router,
+    pub model: SimModel,
+    pub seed: u64,
     pub stats: Vec<Stat>,
     pub wall: Duration,
     pub hit_ratio: f64,
+    /// Cached prefix blocks the GPUs evicted, and running requests they preempted (engine
+    /// model only).
+    pub evictions: f64,
+    pub preemptions: f64,
     pub served: Vec<f64>,
     /// The most requests (running and waiting) any GPU held at one sample.
     pub peak_load: f64,
@@ -155,17 +161,13 @@ pub async fn scrape(c: &reqwest::Client, gpu: SocketAddr) -> String {
     }
 }
 
-pub async fn run(shape: Shape, router: Router) -> Result<RunResult, String> {
-    let sim_args: Vec<String> = [
-        "--speed".to_owned(),
-        SPEED.to_string(),
-        "--cache-tokens".to_owned(),
-        CACHE_TOKENS.to_string(),
-        "--max-running".to_owned(),
-        MAX_RUNNING.to_string(),
-    ]
-    .to_vec();
-    let (_sims, gpus) = start_sims(shape.gpus(), &sim_args).await;
+pub async fn run(
+    shape: Shape,
+    router: Router,
+    model: SimModel,
+    seed: u64,
+) -> Result<RunResult, String> {
+    let (_sims, gpus) = start_sims(shape.gpus(), &model.sim_args(shape.gpus())).await;
     let (addrs, running) = router.start(&gpus).await?;
     let entry = Arc::new(Entry {
         addrs,
@@ -177,7 +179,7 @@ pub async fn run(shape: Shape, router: Router) -> Result<RunResult, String> {
         .unwrap();
     let stats = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
-    let tasks: Vec<_> = workload(shape)
+    let tasks: Vec<_> = workload(shape, seed)
         .into_iter()
         .enumerate()
         .map(|(i, s)| {
@@ -222,10 +224,13 @@ pub async fn run(shape: Shape, router: Router) -> Result<RunResult, String> {
     let routes = running.routes().await;
     let access_log = running.access_log();
     let (mut hits, mut queries, mut served) = (0.0, 0.0, Vec::new());
+    let (mut evictions, mut preemptions) = (0.0, 0.0);
     for g in &gpus {
         let m = scrape(&c, *g).await;
         hits += sample(&m, "vllm:prefix_cache_hits_total");
         queries += sample(&m, "vllm:prefix_cache_queries_total");
+        evictions += sample(&m, "gpu_sim:prefix_cache_evictions_total");
+        preemptions += sample(&m, "vllm:num_preemptions_total");
         served.push(sample(&m, "vllm:request_success_total"));
     }
     let stats = stats.lock().unwrap().clone();
@@ -236,9 +241,13 @@ pub async fn run(shape: Shape, router: Router) -> Result<RunResult, String> {
     Ok(RunResult {
         shape,
         router,
+        model,
+        seed,
         stats,
         wall,
         hit_ratio: if queries > 0.0 { hits / queries } else { 0.0 },
+        evictions,
+        preemptions,
         served,
         peak_load,
         routes,

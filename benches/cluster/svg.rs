@@ -1,20 +1,28 @@
-//! The TTFT distributions of every run, one panel per workload.
+//! The TTFT distributions, one panel per workload and model, of each one's first seed.
 
 use plotters::prelude::*;
 
 use crate::routers::ROUTERS;
 use crate::runner::RunResult;
-use crate::workload::{Shape, SHAPES};
+use crate::setup::MODELS;
+use crate::workload::SHAPES;
 
 pub fn draw(
     results: &[RunResult],
     path: &std::path::Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let shapes: Vec<Shape> = SHAPES
+    let shapes = SHAPES
         .into_iter()
-        .filter(|s| results.iter().any(|r| r.shape == *s))
+        .filter(|s| results.iter().any(|r| r.shape == *s));
+    let panels: Vec<_> = MODELS
+        .into_iter()
+        .flat_map(|m| shapes.clone().map(move |s| (m, s)))
+        .filter(|(m, s)| results.iter().any(|r| r.shape == *s && r.model == *m))
         .collect();
-    let root = SVGBackend::new(path, (1500, 520)).into_drawing_area();
+    let columns = panels.len().clamp(1, 5);
+    let lines = panels.len().div_ceil(columns).max(1);
+    let root =
+        SVGBackend::new(path, (300 * columns as u32, 520 * lines as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     let colors = [
         RED,
@@ -26,16 +34,32 @@ pub fn draw(
         GREEN,
         BLACK,
         RGBColor(140, 90, 40),
+        MAGENTA,
+        RGBColor(0, 120, 60),
+        RGBColor(90, 0, 200),
+        RGBColor(200, 170, 0),
+        RGBColor(0, 160, 200),
+        RGBColor(255, 100, 140),
     ];
-    for (panel, shape) in root
-        .split_evenly((1, shapes.len().max(1)))
-        .iter()
-        .zip(&shapes)
-    {
-        let runs: Vec<&RunResult> = results.iter().filter(|r| r.shape == *shape).collect();
+    for (panel, (model, shape)) in root.split_evenly((lines, columns)).iter().zip(&panels) {
+        let here = |r: &&RunResult| r.shape == *shape && r.model == *model;
+        let first = results.iter().filter(here).map(|r| r.seed).min();
+        let runs: Vec<&RunResult> = results
+            .iter()
+            .filter(here)
+            .filter(|r| Some(r.seed) == first)
+            .collect();
         let max_ttft = runs.iter().flat_map(|r| r.ttfts()).fold(1.0, f64::max);
         let mut cdf = ChartBuilder::on(panel)
-            .caption(format!("{}: TTFT (CDF)", shape.name()), ("sans-serif", 18))
+            .caption(
+                format!(
+                    "{} on {}, seed {}: TTFT (CDF)",
+                    shape.name(),
+                    model.name(),
+                    first.unwrap_or_default()
+                ),
+                ("sans-serif", 14),
+            )
             .margin(10)
             .x_label_area_size(35)
             .y_label_area_size(40)

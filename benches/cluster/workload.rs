@@ -6,17 +6,22 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::setup::SEED;
-
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Shape {
     Hot,
     Chats,
     Long,
     Prompts,
+    Histories,
 }
 
-pub const SHAPES: [Shape; 4] = [Shape::Hot, Shape::Chats, Shape::Long, Shape::Prompts];
+pub const SHAPES: [Shape; 5] = [
+    Shape::Hot,
+    Shape::Chats,
+    Shape::Long,
+    Shape::Prompts,
+    Shape::Histories,
+];
 
 impl Shape {
     pub fn name(self) -> &'static str {
@@ -25,6 +30,7 @@ impl Shape {
             Shape::Chats => "chats",
             Shape::Long => "long",
             Shape::Prompts => "prompts",
+            Shape::Histories => "histories",
         }
     }
 
@@ -72,15 +78,17 @@ pub fn think(rng: &mut StdRng, mean_secs: f64) -> Duration {
     Duration::from_secs_f64(-(1.0 - rng.random::<f64>()).ln() * mean_secs)
 }
 
+/// Turns of `chars` characters each, `think_secs` apart on average.
 pub fn turns(
     rng: &mut StdRng,
     count: std::ops::Range<usize>,
     chars: std::ops::Range<usize>,
+    think_secs: f64,
 ) -> Vec<Turn> {
     (0..rng.random_range(count))
         .map(|_| Turn {
             user: words(rng, chars.clone()),
-            think: think(rng, 1.2),
+            think: think(rng, think_secs),
             max_tokens: rng.random_range(24..72),
         })
         .collect()
@@ -105,8 +113,8 @@ pub fn department(rng: &mut StdRng, n: usize, hot: f64) -> usize {
     }
 }
 
-pub fn workload(shape: Shape) -> Vec<Session> {
-    let mut rng = StdRng::seed_from_u64(SEED ^ shape as u64);
+pub fn workload(shape: Shape, seed: u64) -> Vec<Session> {
+    let mut rng = StdRng::seed_from_u64(seed ^ shape as u64);
     match shape {
         Shape::Hot => {
             let prompts = departments(&mut rng, 6, 2500..5000);
@@ -122,7 +130,7 @@ pub fn workload(shape: Shape) -> Vec<Session> {
                         start,
                         chat: dept != 0,
                         system: Arc::clone(&prompts[dept]),
-                        turns: turns(&mut rng, 4..9, 600..2400),
+                        turns: turns(&mut rng, 4..9, 600..2400, 1.2),
                     }
                 })
                 .collect()
@@ -132,7 +140,7 @@ pub fn workload(shape: Shape) -> Vec<Session> {
                 start: Duration::from_millis(rng.random_range(0..20_000)),
                 chat: true,
                 system: format!("You are assistant {i}. {}", words(&mut rng, 400..1600)).into(),
-                turns: turns(&mut rng, 3..9, 200..1200),
+                turns: turns(&mut rng, 3..9, 200..1200, 1.2),
             })
             .collect(),
         Shape::Long => {
@@ -154,7 +162,7 @@ pub fn workload(shape: Shape) -> Vec<Session> {
                     ),
                     chat: true,
                     system: Arc::clone(&docs[rng.random_range(0..docs.len())]),
-                    turns: turns(&mut rng, 2..5, 200..800),
+                    turns: turns(&mut rng, 2..5, 200..800, 1.2),
                 })
                 .collect()
         }
@@ -172,10 +180,26 @@ pub fn workload(shape: Shape) -> Vec<Session> {
                         start,
                         chat: false,
                         system: Arc::clone(&prompts[dept]),
-                        turns: turns(&mut rng, 5..6, 300..1500),
+                        turns: turns(&mut rng, 5..6, 300..1500, 1.2),
                     }
                 })
                 .collect()
         }
+        // Sessions whose histories outgrow the caches: 64 chats of 6 to 9 turns, each with
+        // its own 3-4 KB system prompt and 1.5-2.5 KB a question, all under way within eight
+        // seconds, thinking 2 s between turns (longer than the other shapes' 1.2 s, so the
+        // GPUs are busy but not saturated). Each ends near 22 KB (5,500 tokens at 4
+        // characters a token, 6,700 at 3.3): eight running still fit one GPU's 65,536-token
+        // pool, but together the histories reach 1.3 times the four GPUs' caches, so a
+        // router that copies a history onto a second GPU evicts another's, and evictions
+        // decide the hits.
+        Shape::Histories => (0..64)
+            .map(|i| Session {
+                start: Duration::from_millis(rng.random_range(0..8_000)),
+                chat: true,
+                system: format!("You are assistant {i}. {}", words(&mut rng, 3000..4000)).into(),
+                turns: turns(&mut rng, 6..10, 1500..2500, 2.0),
+            })
+            .collect(),
     }
 }

@@ -117,6 +117,18 @@ pub async fn start_haproxy(
     maxconn: usize,
     bind_options: &str,
 ) -> Result<(SocketAddr, Killed), String> {
+    let backend = format!("  balance {balance}\n");
+    start_haproxy_with(upstreams, &backend, pinned, maxconn, bind_options).await
+}
+
+/// HAProxy in front of `upstreams`, its backend spreading as the `backend` lines say.
+pub async fn start_haproxy_with(
+    upstreams: &[SocketAddr],
+    backend: &str,
+    pinned: bool,
+    maxconn: usize,
+    bind_options: &str,
+) -> Result<(SocketAddr, Killed), String> {
     let haproxy = find_or_install("haproxy", "haproxy")?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let addr = free_addr();
@@ -126,7 +138,7 @@ pub async fn start_haproxy(
         .map(|(i, u)| format!("  server e{i} {u}\n"))
         .collect();
     let config = format!(
-        "global\n  nbthread 1\n  maxconn {maxconn}\ndefaults\n  mode http\n  timeout connect 3s\n  timeout client 120s\n  timeout server 120s\n  http-reuse always\nfrontend lb\n  bind {addr} {bind_options}\n  default_backend engines\nbackend engines\n  balance {balance}\n{servers}"
+        "global\n  nbthread 1\n  maxconn {maxconn}\ndefaults\n  mode http\n  timeout connect 3s\n  timeout client 120s\n  timeout server 120s\n  http-reuse always\nfrontend lb\n  bind {addr} {bind_options}\n  default_backend engines\nbackend engines\n{backend}{servers}"
     );
     let path = dir.path().join("haproxy.cfg");
     std::fs::write(&path, config).map_err(|e| e.to_string())?;
@@ -225,21 +237,24 @@ fn find_or_install(name: &str, package: &str) -> Result<PathBuf, String> {
 
 /// The routers installed from PyPI, pinned to the versions compared.
 const PYTHON_ROUTERS: [&str; 2] = ["vllm-router==0.1.17", "sglang-router==0.3.2"];
+/// SMG, the successor of sglang-router, in a venv of its own: it pins dependencies of its own.
+const SMG: [&str; 1] = ["smg==1.13.0"];
 
-/// A virtual environment holding [`PYTHON_ROUTERS`], created beside the build on first use.
-fn python_routers() -> Result<PathBuf, String> {
+/// The `bin` directory of the virtual environment `name` beside the build, holding
+/// `packages` once `programs` are there; created and filled with pip on first use.
+fn venv(name: &str, packages: &[&str], programs: &[&str]) -> Result<PathBuf, String> {
     let venv = binary()
         .parent()
         .and_then(Path::parent)
-        .map(|target| target.join("bench-venv"))
+        .map(|target| target.join(name))
         .ok_or("no target directory")?;
     let bin = venv.join("bin");
-    if bin.join("vllm-router").is_file() && bin.join("sglang-router").is_file() {
+    if programs.iter().all(|p| bin.join(p).is_file()) {
         return Ok(bin);
     }
     println!(
         "installing {} into {} (pip)...",
-        PYTHON_ROUTERS.join(", "),
+        packages.join(", "),
         venv.display()
     );
     let quiet = |c: &mut Command| c.stdout(Stdio::null()).status().is_ok_and(|s| s.success());
@@ -249,14 +264,19 @@ fn python_routers() -> Result<PathBuf, String> {
     if !quiet(
         Command::new(bin.join("pip"))
             .args(["install", "-q", "--disable-pip-version-check"])
-            .args(PYTHON_ROUTERS),
+            .args(packages),
     ) {
-        return Err(format!(
-            "pip could not install {}",
-            PYTHON_ROUTERS.join(", ")
-        ));
+        return Err(format!("pip could not install {}", packages.join(", ")));
     }
     Ok(bin)
+}
+
+fn python_routers() -> Result<PathBuf, String> {
+    venv(
+        "bench-venv",
+        &PYTHON_ROUTERS,
+        &["vllm-router", "sglang-router"],
+    )
 }
 
 /// vllm-router with `policy` in front of `workers`, once it says it is ready.
@@ -270,13 +290,62 @@ pub async fn start_vllm_router(
     start_python_router(command, workers, policy).await
 }
 
-/// sglang-router with `policy` in front of `workers`, once it says it is ready.
+/// A cache-aware router's spill gate scaled to GPUs of `slots` running requests: it leaves a
+/// request's cached GPU for the least loaded one when that GPU holds more than a full batch
+/// (`slots`) beyond the least loaded (sglang-router) or the fleet's mean (SMG), and 1.5 times
+/// as many. The default absolute threshold, 64 requests, is eight full batches on these GPUs:
+/// never reached before the hot GPU has queued far past its peers. SMG's docs advise lower
+/// thresholds for bursty traffic (docs/concepts/routing/cache-aware.md, "Balance Thresholds",
+/// which sglang-router shares: its `--balance-abs-threshold` help gives the same rule); the
+/// relative one stays at its documented 1.5.
+fn balance_thresholds(slots: usize) -> [String; 4] {
+    [
+        "--balance-abs-threshold".into(),
+        slots.to_string(),
+        "--balance-rel-threshold".into(),
+        "1.5".into(),
+    ]
+}
+
+/// sglang-router with `policy` in front of `workers` of `slots` running requests each, once
+/// it says it is ready.
 pub async fn start_sglang_router(
     workers: &[SocketAddr],
     policy: &str,
+    slots: usize,
 ) -> Result<(SocketAddr, Killed), String> {
     let mut command = Command::new(python_routers()?.join("python"));
     command.args(["-m", "sglang_router.launch_router"]);
+    command.args(balance_thresholds(slots));
+    start_python_router(command, workers, policy).await
+}
+
+/// SMG 1.13 with `policy` in front of `workers` of `slots` running requests each, keeping a
+/// session on its worker by `sticky_header` when given; once it says it is ready.
+pub async fn start_smg(
+    workers: &[SocketAddr],
+    policy: &str,
+    slots: usize,
+    sticky_header: Option<&str>,
+) -> Result<(SocketAddr, Killed), String> {
+    let mut command = Command::new(venv("smg-venv", &SMG, &["smg"])?.join("smg"));
+    command.arg("launch");
+    command.args(balance_thresholds(slots));
+    command
+        // prefix_hash's own gate: a worker this many requests over the mean (default 10, more
+        // than a GPU's whole batch here) and 1.25 times it is walked past on the ring; scaled
+        // to the slots as above (`--prefix-hash-balance-abs-threshold` help).
+        .args(["--prefix-hash-balance-abs-threshold", &slots.to_string()])
+        // It polls each SGLang engine's `/v1/loads` (running, waiting, `token_usage`) for its
+        // overload protection (on by default: 8 waiting or 0.8 of the KV pool, a full batch
+        // here, kept) and its load-aware choices; every 10 s by default, longer than a turn
+        // of these runs, so every second.
+        .args(["--load-monitor-interval", "1"])
+        // The simulator serves no tokenizer: SMG routes on the raw text, as it does over HTTP.
+        .arg("--disable-tokenizer-autoload");
+    if let Some(header) = sticky_header {
+        command.args(["--routing-key-override", "--routing-key-headers", header]);
+    }
     start_python_router(command, workers, policy).await
 }
 

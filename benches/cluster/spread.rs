@@ -1,0 +1,136 @@
+//! One router's runs on one shape and model, over the seeds: medians and spreads.
+
+use crate::routers::{Router, ROUTERS};
+use crate::runner::RunResult;
+
+/// The median of a figure over the seeds, with its least and greatest.
+#[derive(Debug, Clone, Copy)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(mut values: Vec<f64>) -> Spread {
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        if n == 0 {
+            return Spread {
+                median: f64::NAN,
+                min: f64::NAN,
+                max: f64::NAN,
+            };
+        }
+        let median = if n % 2 == 1 {
+            values[n / 2]
+        } else {
+            (values[n / 2 - 1] + values[n / 2]) / 2.0
+        };
+        Spread {
+            median,
+            min: values[0],
+            max: values[n - 1],
+        }
+    }
+
+    /// `median (min-max)`, each with `decimals` places.
+    pub fn show(&self, decimals: usize) -> String {
+        format!(
+            "{:.d$} ({:.d$}-{:.d$})",
+            self.median,
+            self.min,
+            self.max,
+            d = decimals
+        )
+    }
+}
+
+/// A router's runs on one shape and model, one per seed.
+pub struct Row<'a> {
+    pub router: Router,
+    pub runs: Vec<&'a RunResult>,
+}
+
+impl Row<'_> {
+    fn spread(&self, f: impl Fn(&RunResult) -> f64) -> Spread {
+        Spread::of(self.runs.iter().map(|r| f(r)).collect())
+    }
+
+    /// TTFT percentile `q`, ms.
+    pub fn p(&self, q: f64) -> Spread {
+        self.spread(|r| r.p(q))
+    }
+
+    /// The p99 of each request's TTFT minus its floor, ms.
+    pub fn excess(&self) -> Spread {
+        self.spread(RunResult::excess_p99)
+    }
+
+    pub fn floor(&self) -> Spread {
+        self.spread(|r| r.floor(99.0))
+    }
+
+    /// Prefix-cache hit ratio, in percent.
+    pub fn hits(&self) -> Spread {
+        self.spread(|r| r.hit_ratio * 100.0)
+    }
+
+    pub fn mean_e2e(&self) -> Spread {
+        self.spread(RunResult::mean_e2e)
+    }
+
+    pub fn imbalance(&self) -> Spread {
+        self.spread(RunResult::imbalance)
+    }
+
+    pub fn lowest_share(&self) -> Spread {
+        self.spread(RunResult::lowest_share)
+    }
+
+    /// Median blocks evicted over the seeds.
+    pub fn evictions(&self) -> f64 {
+        self.spread(|r| r.evictions).median
+    }
+
+    pub fn preemptions(&self) -> f64 {
+        self.spread(|r| r.preemptions).median
+    }
+
+    pub fn peak_load(&self) -> f64 {
+        self.runs.iter().map(|r| r.peak_load).fold(0.0, f64::max)
+    }
+
+    /// Failed requests and all requests, over the seeds.
+    pub fn errors(&self) -> (usize, usize) {
+        let failed = self.runs.iter().map(|r| r.errors()).sum();
+        let all = self.runs.iter().map(|r| r.stats.len()).sum();
+        (failed, all)
+    }
+
+    /// Whether it failed more than 1% of its requests: then it is no one's "best".
+    pub fn failing(&self) -> bool {
+        let (failed, all) = self.errors();
+        failed * 100 > all
+    }
+
+    pub fn seeds(&self) -> Vec<u64> {
+        self.runs.iter().map(|r| r.seed).collect()
+    }
+}
+
+/// The runs grouped by router, in [`ROUTERS`]' order.
+pub fn rows<'a>(runs: &[&'a RunResult]) -> Vec<Row<'a>> {
+    ROUTERS
+        .iter()
+        .map(|router| Row {
+            router: *router,
+            runs: runs
+                .iter()
+                .copied()
+                .filter(|r| r.router == *router)
+                .collect(),
+        })
+        .filter(|row| !row.runs.is_empty())
+        .collect()
+}
