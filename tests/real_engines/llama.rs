@@ -1,46 +1,52 @@
-//! Real `llama-server` engines for the tests (and the benches): found where
-//! `scripts/llama-server.sh` put them, started on loopback ports, killed when dropped.
-//!
-//! The set-up is found in `$PREFIXLB_LLAMA_DIR`, or else in
-//! `${PREFIXLB_CACHE:-$HOME/.cache/prefixlb}/llama-server-11434`, the script's default. When it
-//! is missing a test fails, saying how to make it: a test that passes without its engine
-//! proves nothing.
+//! Real `llama-server` engines for the tests (and the benches): made by
+//! `tests/real_engines/setup.sh` (in `$PREFIXLB_LLAMA_DIR`, or else in
+//! `${PREFIXLB_CACHE:-$HOME/.cache/prefixlb}/llama-server-11434`) the first time a test asks,
+//! started on loopback ports, killed when dropped. A set-up that cannot be made fails the test:
+//! a test that passes without its engine proves nothing.
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The name the engines serve their model under (`--alias`).
 pub const MODEL: &str = "tiny-llama";
 
-/// Where `scripts/llama-server.sh` put the server, the model and the Python venv.
+/// Where `tests/real_engines/setup.sh` put the server, the model and the Python venv.
 pub struct Setup {
     dir: PathBuf,
 }
 
 impl Setup {
-    /// The set-up, or a panic that says how to make it.
+    /// The set-up, made by `setup.sh` when it is not there yet: the first test on a machine
+    /// builds llama-server (about ten minutes on two cores; the script locks, so the tests of
+    /// one run wait for one build), every later one finds it at once.
     pub fn find() -> Self {
-        let dir = std::env::var_os("PREFIXLB_LLAMA_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                let cache = std::env::var_os("PREFIXLB_CACHE")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| {
-                        PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-                            .join(".cache/prefixlb")
-                    });
-                cache.join("llama-server-11434")
-            });
-        let setup = Self { dir };
+        static DIR: OnceLock<PathBuf> = OnceLock::new();
+        let dir = DIR.get_or_init(|| {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/real_engines/setup.sh");
+            let out = Command::new("bash")
+                .arg(&script)
+                .stderr(Stdio::inherit())
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+            assert!(
+                out.status.success(),
+                "{} failed ({}): the real-engine tests need llama.cpp's llama-server and a tiny \
+                 model; its output above says what went wrong",
+                script.display(),
+                out.status
+            );
+            let printed = String::from_utf8_lossy(&out.stdout);
+            PathBuf::from(printed.lines().last().unwrap_or_default().trim())
+        });
+        let setup = Self { dir: dir.clone() };
         for needed in [setup.server(), setup.model(), setup.python()] {
             assert!(
                 needed.exists(),
-                "{} is missing: the real-engine tests need llama.cpp's llama-server and a tiny \
-                 model; run `scripts/llama-server.sh` once (about ten minutes; .ci/run does it), \
-                 or point PREFIXLB_LLAMA_DIR at a directory it made",
+                "{} is missing after set-up",
                 needed.display()
             );
         }

@@ -1,6 +1,6 @@
 //! prefixlb in front of two real llama.cpp engines (`llama-server`, a tiny random-weight Llama
 //! on the CPU): real prefill, real KV-cache reuse, real streaming and real metrics pages. The
-//! engines come from `scripts/llama-server.sh` (see `llama.rs` for where they are looked for).
+//! engines come from `tests/real_engines/setup.sh` (see `llama.rs` for where they are looked for).
 //! Run with `--nocapture` to see the times measured.
 
 #[path = "../common/mod.rs"]

