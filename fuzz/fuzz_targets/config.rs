@@ -2,11 +2,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use prefixlb::config::schema;
+use prefixlb::config::schema::{self, peers};
 
 fuzz_target!(|text: &str| {
     // A peer named by host would be resolved: keep the fuzzer off the resolver.
-    let resolves = |peers: &[schema::Peer]| {
+    let resolves = |peers: &[peers::Peer]| {
         peers
             .iter()
             .any(|p| p.addr.parse::<std::net::SocketAddr>().is_err())
@@ -16,7 +16,7 @@ fuzz_target!(|text: &str| {
             return;
         }
     }
-    if let Ok(file) = serde_yaml::from_str::<schema::PeersFile>(text) {
+    if let Ok(file) = serde_yaml::from_str::<peers::PeersFile>(text) {
         if resolves(&file.peers) {
             return;
         }
