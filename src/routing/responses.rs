@@ -159,7 +159,11 @@ fn string_at(json: &[u8], path: &[&str]) -> Result<Read, Read> {
     let mut key = j.next_object().map_err(fail)?.map(|k| k == path[depth]);
     while let Some(wanted) = key {
         if wanted && depth + 1 == path.len() {
-            return Ok(j.next_str().map_or(Read::None, |s| Read::Id(s.to_owned())));
+            return match j.next_str() {
+                Ok(id) => Ok(Read::Id(id.to_owned())),
+                Err(e) if is_cut(&e, json.len()) => Err(Read::More),
+                Err(_) => Ok(Read::None),
+            };
         }
         if wanted {
             depth += 1;
