@@ -22,7 +22,7 @@ macro_rules! metric {
 
 metric!(PEER_REQUESTS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_peer_requests_total",
-    "Requests answered by each peer, by how the peer was chosen (primary, overflow, replica, retry, balanced) and status class (2xx..5xx, or error when no status came)",
+    "Requests answered by each peer, by how the peer was chosen (primary, overflow, replica, retry, balanced, affinity) and status class (2xx..5xx, or error when no status came)",
     &["peer", "route", "status_class"]
 ));
 metric!(PEER_CONNECT_FAILURES: IntCounterVec = register_int_counter_vec!(
@@ -57,7 +57,7 @@ metric!(DURATION: Histogram = register_histogram!(
 ));
 metric!(KEY_SOURCES: IntCounterVec = register_int_counter_vec!(
     "prefixlb_key_source_total",
-    "Requests by the source of their routing key: session_header, chat, completions, generate, client_addr, none",
+    "Requests by the source of their routing key: session_header, chat, completions, generate, messages, responses, client_addr, none",
     &["source"]
 ));
 metric!(PEEKED_BYTES: IntCounter = register_int_counter!(

@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::error::ApiError;
 use crate::lifecycle::Request;
-use crate::routing::{Demand, KeySource, Peer, Route, Routed, Slot};
+use crate::routing::{Demand, IdReader, KeySource, Peer, Route, Routed, Slot};
 use crate::tenants::{Tenant, TenantSlot};
 
 pub struct RequestCtx {
@@ -44,6 +44,8 @@ pub struct RequestCtx {
     pub(crate) client: Option<Arc<Tenant>>,
     /// The tenant's hold on one of its concurrent requests, once admitted.
     pub(crate) tenant: Option<TenantSlot>,
+    /// Reads the id of the Responses API response being forwarded, to learn where it lives.
+    pub(crate) response_id: Option<Box<IdReader>>,
     /// The error to answer with, when a hook failed on purpose.
     pub(crate) error: Option<ApiError>,
     /// Keeps a draining process alive until the request ends.
@@ -70,6 +72,7 @@ impl RequestCtx {
             continued: false,
             client: None,
             tenant: None,
+            response_id: None,
             error: None,
             _serving: serving,
         }

@@ -17,6 +17,8 @@ pub struct Prompt {
     pub key: RoutingKey,
     /// The model the body asks for, when it was looked for and found.
     pub model: Option<String>,
+    /// The stored response a Responses request continues, when it names one.
+    pub previous: Option<String>,
     /// The prompt's size, which prices it: declared, or as far as the peek read it.
     pub bytes: usize,
 }
@@ -61,6 +63,7 @@ impl PrefixLb {
             return Ok(Prompt {
                 key,
                 model: None,
+                previous: None,
                 bytes,
             });
         }
@@ -78,6 +81,7 @@ impl PrefixLb {
         Ok(Prompt {
             key: peeked.key,
             model: peeked.model,
+            previous: peeked.previous,
             bytes: bytes.max(peeked.bytes),
         })
     }

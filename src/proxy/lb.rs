@@ -10,7 +10,7 @@ use crate::access_log::AccessLog;
 use crate::lifecycle::Activity;
 use crate::metrics;
 use crate::router::Router;
-use crate::routing::Peer;
+use crate::routing::{Peer, ResponseHomes};
 use crate::settings::ProxySettings;
 use crate::tenants::ClientAuth;
 
@@ -24,6 +24,8 @@ pub struct PrefixLb {
     pub(crate) activity: Arc<Activity>,
     pub(crate) shared: Arc<SharedLoad>,
     pub(crate) auth: Option<ClientAuth>,
+    /// Which peer made each stored Responses API response forwarded lately.
+    pub(crate) responses: ResponseHomes,
 }
 
 impl PrefixLb {
@@ -42,6 +44,7 @@ impl PrefixLb {
             activity,
             shared,
             auth: None,
+            responses: ResponseHomes::default(),
         }
     }
 

@@ -5,7 +5,8 @@
 //! which lets it go on or stops it with the answer (`answer::Stop`): `admission` on the headers
 //! (the tenant, the path); `models`, the model list prefixlb serves itself; the `gate` (the
 //! body's size, the key peeked from it, the prompt charged to its tenant); the `route` (the
-//! pool, then a slot, at once or in the waiting line). `upstream_peer` turns the slot into an
+//! pool, then a slot: on the peer holding the stored response a Responses request continues, at
+//! once, or in the waiting line). `upstream_peer` turns the slot into an
 //! `HttpPeer`; `fail_to_connect` gives the slot back and marks the peer failed for this
 //! request, so the next call picks another; `logging` (and, as a backstop, dropping the
 //! context) releases the slot when the response has ended or the client has gone.
@@ -21,6 +22,7 @@ mod gate;
 mod lb;
 mod models;
 pub mod peek;
+mod responses;
 mod route;
 pub mod service;
 pub mod shared_load;
@@ -148,11 +150,12 @@ impl ProxyHttp for PrefixLb {
 
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.upstream_status = Some(upstream_response.status.as_u16());
+        self.watch_response(session, ctx, upstream_response.status.as_u16());
         // Once the engine answers, no other attempt follows: the bytes kept for one, and their
         // share of the peek memory, can go (once the first body chunk has carried them).
         if !ctx.unreplayed_due {
@@ -200,6 +203,7 @@ impl ProxyHttp for PrefixLb {
         _end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
+        self.learn_response(ctx, body.as_ref());
         if ctx.first_byte.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
             if let Some(chosen) = ctx.chosen {
                 let ttfb = chosen.elapsed();

@@ -27,7 +27,7 @@ use super::client::client_ip;
 use super::error::ApiError;
 use crate::metrics;
 use crate::routing::{
-    model_in, BodyEnd, Extract, FallbackReason, KeyExtractor, RequestParts, RoutingKey,
+    model_in, previous_in, BodyEnd, Extract, FallbackReason, KeyExtractor, RequestParts, RoutingKey,
 };
 use crate::settings::PeekLimits;
 
@@ -101,6 +101,8 @@ pub struct Peeked {
     pub key: RoutingKey,
     /// The model the body asks for, when it was looked for and found within the window.
     pub model: Option<String>,
+    /// The stored response a Responses request continues, when it names one within the window.
+    pub previous: Option<String>,
     /// Body bytes read to find the key.
     pub bytes: usize,
     /// The leading bytes read that Pingora's retry buffer does not hold: forwarding must send
@@ -135,6 +137,14 @@ pub async fn peek_key(
         session.enable_retry_buffering();
         buffered_from = Some(0);
     }
+    let header = session.req_header();
+    let want_previous = keys.is_responses(&header.method, header.uri.path());
+    // With pools, reading goes on until the model is found too (it may come after the
+    // messages), and for a Responses request until the response it continues, within the
+    // same limits.
+    let found = |body: &[u8]| {
+        (!want_model || model_in(body).is_some()) && (!want_previous || previous_in(body).is_some())
+    };
     let window = limits.peek_limit;
     let mut held = memory.hold();
     let mut buf = BytesMut::new();
@@ -172,11 +182,7 @@ pub async fn peek_key(
                 end,
             };
             match keys.key_for(&parts) {
-                // With pools, reading goes on until the model is found too (it may come after
-                // the messages), within the same limits.
-                Extract::Key(key) if !want_model || !may_read || model_in(parts.body).is_some() => {
-                    break key
-                }
+                Extract::Key(key) if !may_read || found(parts.body) => break key,
                 // A complete key stands; the rest of the prompt is read while the body may be,
                 // to name its deeper blocks.
                 Extract::Deeper(key) if !may_read || short => break key,
@@ -217,6 +223,9 @@ pub async fn peek_key(
     let model = want_model
         .then(|| model_in(&buf[..bytes.min(window)]))
         .flatten();
+    let previous = want_previous
+        .then(|| previous_in(&buf[..bytes.min(window)]))
+        .flatten();
     let unreplayed = if session.retry_buffer_truncated() {
         if session.is_body_done() {
             // Only a chunked body whose last read was far larger than the one before gets
@@ -248,6 +257,7 @@ pub async fn peek_key(
     Ok(Ok(Peeked {
         key,
         model,
+        previous,
         bytes,
         unreplayed,
         held,

@@ -27,6 +27,10 @@ impl PrefixLb {
         metrics::KEY_SOURCES
             .with_label_values(&[prompt.key.source.as_str()])
             .inc();
+        if let Some(routed) = prompt.previous.as_deref().and_then(|id| self.home_of(id)) {
+            ctx.take_slot(routed);
+            return Ok(());
+        }
         if !bounded(session) {
             return self.route_now(session, ctx).map_err(Stop::from);
         }

@@ -1,7 +1,7 @@
 //! The routing key: what of a request must be equal for two requests to share a KV cache.
 //!
 //! Sources, first that applies wins: a session header; the stable prefix of an OpenAI chat,
-//! completions or SGLang generate body; a fallback (the client address, or nothing, which
+//! completions, Responses, Anthropic Messages or SGLang generate body; a fallback (the client address, or nothing, which
 //! spreads by load). The body may be a prefix cut anywhere, even mid-string or mid-codepoint:
 //! jiter's pull parser walks it with partial strings allowed, stops as soon as the key is
 //! complete, and tells a cut body (ask for more bytes) from a malformed one (fall back). The
@@ -14,6 +14,10 @@
 //! differ in their first user message. A `model` after the prompt is left out on purpose:
 //! reaching it means reading the whole history, which a long turn cut at the peek limit
 //! cannot, and a key must not change between a short turn and a long one.
+//!
+//! Anthropic Messages and OpenAI Responses bodies key the same way: their `messages` (or
+//! `input`, a string standing for one user message) up to the first user message, after the
+//! `system` (or `instructions`) when it comes before them, for the reason `model` does.
 
 use std::net::IpAddr;
 
@@ -24,6 +28,7 @@ use super::blocks::Blocks;
 use super::hash::KeyEncoder;
 use super::policy::decision::Demand;
 use super::prompt::{is_cut, scan, PromptField, Span};
+pub use super::source::{FallbackReason, KeySource};
 use super::tuning::Tuning;
 
 pub const DEFAULT_SESSION_HEADER: &str = "x-session-id";
@@ -47,6 +52,8 @@ pub struct KeyConfig {
     pub chat_path: Option<String>,
     pub completions_path: Option<String>,
     pub generate_path: Option<String>,
+    pub messages_path: Option<String>,
+    pub responses_path: Option<String>,
     /// How much of a completions `prompt` (or generate `text`) is the key, in characters.
     pub prefix_chars: usize,
     pub fallback: Fallback,
@@ -59,66 +66,10 @@ impl Default for KeyConfig {
             chat_path: Some("/v1/chat/completions".into()),
             completions_path: Some("/v1/completions".into()),
             generate_path: Some("/generate".into()),
+            messages_path: Some("/v1/messages".into()),
+            responses_path: Some("/v1/responses".into()),
             prefix_chars: DEFAULT_PREFIX_CHARS,
             fallback: Fallback::ClientAddr,
-        }
-    }
-}
-
-/// Which source produced a key. The first four are what `routing.key.sources` lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KeySource {
-    SessionHeader,
-    Chat,
-    Completions,
-    Generate,
-    ClientAddr,
-    None,
-}
-
-impl KeySource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KeySource::SessionHeader => "session_header",
-            KeySource::Chat => "chat",
-            KeySource::Completions => "completions",
-            KeySource::Generate => "generate",
-            KeySource::ClientAddr => "client_addr",
-            KeySource::None => "none",
-        }
-    }
-}
-
-/// Why a prompt-carrying request fell back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FallbackReason {
-    /// Not a prompt route, and no session header.
-    NoKeySource,
-    EmptyBody,
-    /// Not JSON, or JSON that breaks off before the body ends.
-    InvalidJson,
-    InvalidUtf8,
-    /// JSON, but not an object with the fields this route expects.
-    WrongShape,
-    TooDeep,
-    /// No messages, prompt or text field.
-    NoPrompt,
-    /// The peek limit was reached before any part of the key.
-    PeekLimit,
-}
-
-impl FallbackReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FallbackReason::NoKeySource => "no_key_source",
-            FallbackReason::EmptyBody => "empty_body",
-            FallbackReason::InvalidJson => "invalid_json",
-            FallbackReason::InvalidUtf8 => "invalid_utf8",
-            FallbackReason::WrongShape => "wrong_shape",
-            FallbackReason::TooDeep => "too_deep",
-            FallbackReason::NoPrompt => "no_prompt",
-            FallbackReason::PeekLimit => "peek_limit",
         }
     }
 }
@@ -159,6 +110,10 @@ pub enum BodyKind {
     Chat,
     Completions,
     Generate,
+    /// The Anthropic Messages API.
+    Messages,
+    /// The OpenAI Responses API.
+    Responses,
 }
 
 impl BodyKind {
@@ -167,7 +122,17 @@ impl BodyKind {
             BodyKind::Chat => KeySource::Chat,
             BodyKind::Completions => KeySource::Completions,
             BodyKind::Generate => KeySource::Generate,
+            BodyKind::Messages => KeySource::Messages,
+            BodyKind::Responses => KeySource::Responses,
         }
+    }
+
+    /// Whether the prompt is a conversation, whose opening is its key.
+    fn is_conversation(self) -> bool {
+        matches!(
+            self,
+            BodyKind::Chat | BodyKind::Messages | BodyKind::Responses
+        )
     }
 }
 
@@ -236,9 +201,18 @@ impl KeyExtractor {
             Some(BodyKind::Completions)
         } else if is(&self.config.generate_path) {
             Some(BodyKind::Generate)
+        } else if is(&self.config.messages_path) {
+            Some(BodyKind::Messages)
+        } else if is(&self.config.responses_path) {
+            Some(BodyKind::Responses)
         } else {
             None
         }
+    }
+
+    /// Whether a request creates a Responses API response, which may name the one before it.
+    pub fn is_responses(&self, method: &Method, path: &str) -> bool {
+        *method == Method::POST && self.config.responses_path.as_deref() == Some(path)
     }
 
     /// The key of a request whose body is not read: its session header, or the fallback.
@@ -327,6 +301,8 @@ impl KeyExtractor {
         let mut span = Span::default();
         let field = match kind {
             BodyKind::Chat => PromptField::Messages,
+            BodyKind::Messages => PromptField::AnthropicMessages,
+            BodyKind::Responses => PromptField::ResponsesInput,
             BodyKind::Completions => PromptField::Text("prompt", self.config.prefix_chars),
             BodyKind::Generate => PromptField::Text("text", self.config.prefix_chars),
         };
@@ -338,7 +314,7 @@ impl KeyExtractor {
                 let blocks = Blocks::of_prompt(body, model, start, key_end);
                 // The messages end with the key's first user message.
                 let after_key = body[key_end..].iter().find(|b| !b.is_ascii_whitespace());
-                if kind == BodyKind::Chat && after_key == Some(&b']') {
+                if kind.is_conversation() && after_key == Some(&b']') {
                     blocks.opening()
                 } else {
                     blocks

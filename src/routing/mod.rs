@@ -73,7 +73,9 @@ pub mod pool;
 mod prompt;
 pub mod queue;
 pub mod record;
+pub mod responses;
 pub mod ring;
+mod source;
 pub mod spec;
 pub mod tuning;
 
@@ -95,6 +97,7 @@ pub use pool::{ModelId, PoolChoice};
 pub use prompt::model as model_in;
 pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitQueue};
 pub use record::{Holdings, PrefixRecord, RecordStats};
+pub use responses::{previous_in, IdReader, ResponseHomes};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};
 pub use spec::{canonical, PeerSpec, Weight, MAX_WEIGHT, UNLIMITED};
 pub use tuning::Tuning;

@@ -50,6 +50,11 @@ fn wrong_shape(j: &Jiter<'_>) -> JiterError {
 pub enum PromptField {
     /// Chat `messages`: every message up to and including the first `user` one.
     Messages,
+    /// Anthropic `messages`, as chat's, after a `system` that comes before them.
+    AnthropicMessages,
+    /// Responses `input` (a string, or items as chat's messages), after an `instructions`
+    /// that comes before it.
+    ResponsesInput,
     /// A string field (or the first string of an array), cut at this many characters.
     Text(&'static str, usize),
 }
@@ -59,6 +64,7 @@ const MODEL: u8 = b'm';
 const ROLE: u8 = b'r';
 const CONTENT: u8 = b'c';
 const PROMPT: u8 = b'p';
+const SYSTEM: u8 = b's';
 
 /// Where a body's prompt lies, as byte offsets into it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -85,18 +91,25 @@ pub fn scan(
 ) -> Result<bool, JiterError> {
     enum Field {
         Model,
+        Preamble,
         Prompt,
         Other,
     }
-    let prompt_name = match prompt {
-        PromptField::Messages => "messages",
-        PromptField::Text(name, _) => name,
+    // Like `model`, the preamble counts only before the prompt: after it, reaching it means
+    // reading the whole history, and a key must not change between a short turn and a long one.
+    let (prompt_name, preamble) = match prompt {
+        PromptField::Messages => ("messages", None),
+        PromptField::AnthropicMessages => ("messages", Some("system")),
+        PromptField::ResponsesInput => ("input", Some("instructions")),
+        PromptField::Text(name, _) => (name, None),
     };
     let classify = |key: &str| {
         if key == "model" {
             Field::Model
         } else if key == prompt_name {
             Field::Prompt
+        } else if Some(key) == preamble {
+            Field::Preamble
         } else {
             Field::Other
         }
@@ -111,11 +124,15 @@ pub fn scan(
                 ensure_not_cut(&j, body.len())?;
                 span.model = Some((from, j.current_index()));
             }
+            Field::Preamble => scan_content(&mut j, enc, SYSTEM)?,
             Field::Prompt => {
                 let start = j.current_index();
                 span.start = Some(start);
                 let key_end = match prompt {
-                    PromptField::Messages => scan_messages(&mut j, enc)?,
+                    PromptField::Messages | PromptField::AnthropicMessages => {
+                        scan_messages(&mut j, enc)?
+                    }
+                    PromptField::ResponsesInput => scan_input(&mut j, enc, body.len())?,
                     PromptField::Text(_, chars) => {
                         // The raw offset of the cut is not known past an escape; the decoded
                         // length stands for it, the same for every body with this key.
@@ -148,6 +165,18 @@ fn scan_messages(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<usize, Jiter
     Ok(j.current_index())
 }
 
+/// A Responses `input`: items are read as messages, and a string as the user message it
+/// stands for, so that a first turn sent as a string keys as the history that repeats it.
+fn scan_input(j: &mut Jiter<'_>, enc: &mut KeyEncoder, len: usize) -> Result<usize, JiterError> {
+    if j.peek()? != Peek::String {
+        return scan_messages(j, enc);
+    }
+    enc.part(ROLE, b"user");
+    enc.part(CONTENT, j.known_str()?.as_bytes());
+    ensure_not_cut(j, len)?;
+    Ok(j.current_index())
+}
+
 /// Encodes one message's role and text; true when it is a `user` message.
 fn scan_message(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<bool, JiterError> {
     enum Field {
@@ -169,7 +198,7 @@ fn scan_message(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<bool, JiterEr
                 is_user = role == "user";
                 enc.part(ROLE, role.as_bytes());
             }
-            Field::Content => scan_content(j, enc)?,
+            Field::Content => scan_content(j, enc, CONTENT)?,
             Field::Other => j.next_skip()?,
         }
         key = j.next_key()?.map(classify);
@@ -177,10 +206,11 @@ fn scan_message(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<bool, JiterEr
     Ok(is_user)
 }
 
-/// A message's content: a string, null, or an array of parts whose `text` fields count.
-fn scan_content(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<(), JiterError> {
+/// A message's content (or a system prompt, tagged `tag`): a string, null, or an array of parts
+/// whose `text` fields count.
+fn scan_content(j: &mut Jiter<'_>, enc: &mut KeyEncoder, tag: u8) -> Result<(), JiterError> {
     match j.peek()? {
-        Peek::String => enc.part(CONTENT, j.known_str()?.as_bytes()),
+        Peek::String => enc.part(tag, j.known_str()?.as_bytes()),
         Peek::Null => j.known_null()?,
         Peek::Array => {
             let mut next = j.known_array()?;
@@ -191,7 +221,7 @@ fn scan_content(j: &mut Jiter<'_>, enc: &mut KeyEncoder) -> Result<(), JiterErro
                 let mut key = j.known_object()?.map(|k| k == "text");
                 while let Some(is_text) = key {
                     if is_text && j.peek()? == Peek::String {
-                        enc.part(CONTENT, j.known_str()?.as_bytes());
+                        enc.part(tag, j.known_str()?.as_bytes());
                     } else {
                         j.next_skip()?;
                     }
@@ -237,10 +267,16 @@ fn scan_text(
 /// The `model` of a JSON body's top-level object, wherever it comes among the fields; `None`
 /// when there is none, or the body is cut before it.
 pub fn model(body: &[u8]) -> Option<String> {
+    string_field(body, "model")
+}
+
+/// The string `field` of a JSON body's top-level object, wherever it comes; `None` when there
+/// is none, it is not a string, or the body is cut before it.
+pub fn string_field(body: &[u8], field: &str) -> Option<String> {
     let mut j = Jiter::new(body);
     let mut key = j.next_object().ok()?;
     while let Some(name) = key {
-        if name == "model" {
+        if name == field {
             return j.next_str().ok().map(str::to_owned);
         }
         j.next_skip().ok()?;

@@ -60,7 +60,8 @@ pub struct ForwardingSettings {
 }
 
 impl ForwardingSettings {
-    /// The inference endpoints of the OpenAI API, vLLM and SGLang, their model lists and
+    /// The inference endpoints of the OpenAI API, the Anthropic Messages API as vLLM and SGLang
+    /// serve it, vLLM and SGLang, their model lists and
     /// health. Left out on purpose: the engines' own controls (profiling, cache flushing,
     /// sleeping, weight and adapter loading), which a client must not reach through the
     /// balancer, and their metrics.
@@ -70,6 +71,7 @@ impl ForwardingSettings {
         "/v1/embeddings",
         "/v1/responses",
         "/v1/responses/*",
+        "/v1/messages",
         "/v1/models",
         "/v1/models/*",
         "/v1/audio/transcriptions",

@@ -319,6 +319,9 @@ async fn mock(State(s): State<MockState>, req: Request) -> Response {
         let status = StatusCode::from_u16(status as u16).unwrap();
         return reply(&s.name, status, r#"{"error":{"message":"mock"}}"#.into());
     }
+    if parts.uri.path() == "/v1/responses" {
+        return responses_api(&s, &bytes);
+    }
     if let Some(events) = header_num(&h, "x-mock-events") {
         let interval = Duration::from_millis(header_num(&h, "x-mock-interval-ms").unwrap_or(10));
         let reset_after = header_num(&h, "x-mock-reset-after");
@@ -359,6 +362,35 @@ async fn mock(State(s): State<MockState>, req: Request) -> Response {
     let body =
         serde_json::json!({"upstream": s.name, "len": bytes.len(), "sha256": sha256_hex(&bytes)});
     reply(&s.name, StatusCode::OK, body.to_string())
+}
+
+/// The Responses API as vLLM serves it: each response has an id this mock alone knows (its
+/// name and a count), and a request continuing a response it does not hold gets a 404.
+fn responses_api(s: &MockState, body: &[u8]) -> Response {
+    let req: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let mine = format!("resp_{}_", s.name);
+    if let Some(previous) = req["previous_response_id"].as_str() {
+        if !previous.starts_with(&mine) {
+            let error = serde_json::json!({"error": {"message": format!("Response with id '{previous}' not found."), "type": "invalid_request_error", "code": 404}});
+            return reply(&s.name, StatusCode::NOT_FOUND, error.to_string());
+        }
+    }
+    let id = format!("{mine}{}", s.seen.lock().unwrap().len());
+    let response = serde_json::json!({"id": id, "object": "response", "status": "completed", "upstream": s.name});
+    if req["stream"] != serde_json::json!(true) {
+        return reply(&s.name, StatusCode::OK, response.to_string());
+    }
+    let mut events = String::new();
+    for kind in ["response.created", "response.completed"] {
+        let event = serde_json::json!({"type": kind, "response": response});
+        events.push_str(&format!("event: {kind}\ndata: {event}\n\n"));
+    }
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .header("x-upstream", &s.name)
+        .body(Body::from(events))
+        .unwrap()
 }
 
 fn reply(name: &str, status: StatusCode, body: String) -> Response {

@@ -150,6 +150,16 @@ fn keys(k: &Key, endpoints: &Endpoints) -> Result<KeyConfig, ConfigError> {
             "generate_path",
             &endpoints.generate_path,
         )?,
+        messages_path: on(
+            KeySource::Messages,
+            "messages_path",
+            &endpoints.messages_path,
+        )?,
+        responses_path: on(
+            KeySource::Responses,
+            "responses_path",
+            &endpoints.responses_path,
+        )?,
         prefix_chars: k.prefix_chars,
         fallback: k.fallback,
     })

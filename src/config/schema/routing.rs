@@ -54,7 +54,8 @@ impl Default for LeastCost {
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Key {
-    /// Which of session_header, chat, completions and generate may give a key.
+    /// Which of session_header, chat, completions, generate, messages and responses may give
+    /// a key.
     pub sources: Vec<KeySource>,
     pub session_header: String,
     pub prefix_chars: usize,
@@ -70,6 +71,8 @@ impl Default for Key {
                 KeySource::Chat,
                 KeySource::Completions,
                 KeySource::Generate,
+                KeySource::Messages,
+                KeySource::Responses,
             ],
             session_header: k
                 .session_header
@@ -89,6 +92,8 @@ pub struct Endpoints {
     pub chat_path: String,
     pub completions_path: String,
     pub generate_path: String,
+    pub messages_path: String,
+    pub responses_path: String,
 }
 
 impl Default for Endpoints {
@@ -99,13 +104,21 @@ impl Default for Endpoints {
             chat_path: path(k.chat_path),
             completions_path: path(k.completions_path),
             generate_path: path(k.generate_path),
+            messages_path: path(k.messages_path),
+            responses_path: path(k.responses_path),
         }
     }
 }
 
 impl Endpoints {
-    pub fn paths(&self) -> [&String; 3] {
-        [&self.chat_path, &self.completions_path, &self.generate_path]
+    pub fn paths(&self) -> [&String; 5] {
+        [
+            &self.chat_path,
+            &self.completions_path,
+            &self.generate_path,
+            &self.messages_path,
+            &self.responses_path,
+        ]
     }
 }
 

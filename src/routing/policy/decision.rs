@@ -40,6 +40,8 @@ pub enum Route {
     Replica,
     /// Chosen by load alone (round robin, least in flight, or a request with no key).
     Balanced,
+    /// The peer that holds the stored response the request continues, whatever its load.
+    Affinity,
 }
 
 impl Route {
@@ -49,6 +51,7 @@ impl Route {
             Route::Overflow => "overflow",
             Route::Replica => "replica",
             Route::Balanced => "balanced",
+            Route::Affinity => "affinity",
         }
     }
 }
