@@ -14,7 +14,7 @@ pub const PROMPTS: usize = 3;
 /// Words of a system prompt: about 1,500 tokens with the engines' Llama vocabulary.
 const PROMPT_WORDS: usize = 1_150;
 /// Tokens each answer is cut at: prefill, which the routing decides, dominates.
-pub const MAX_TOKENS: u32 = 24;
+pub const MAX_TOKENS: u32 = 16;
 
 const WORDS: [&str; 40] = [
     "order", "invoice", "customer", "refund", "delivery", "warranty", "account", "payment",
@@ -60,9 +60,10 @@ impl Workload {
         let mut arrival = Duration::ZERO;
         let sessions = (0..SESSIONS)
             .map(|_| {
-                // About one new session a second and a half, so that early sessions are
-                // mid-conversation when later ones arrive.
-                arrival += Duration::from_millis(rng.random_range(300..2_700));
+                // About one new session every three seconds, so that early sessions are
+                // mid-conversation when later ones arrive, and the two single-threaded engines
+                // are busy but not saturated (at one every 1.5 s, TTFT was mostly queueing).
+                arrival += Duration::from_millis(rng.random_range(1_500..4_500));
                 Session {
                     arrival,
                     system: rng.random_range(0..PROMPTS),
@@ -73,7 +74,7 @@ impl Workload {
                         })
                         .collect(),
                     think: (1..TURNS)
-                        .map(|_| Duration::from_millis(rng.random_range(1_000..4_000)))
+                        .map(|_| Duration::from_millis(rng.random_range(2_000..5_000)))
                         .collect(),
                 }
             })
