@@ -85,8 +85,8 @@ async fn main() {
         .filter(|r| names.is_empty() || names.iter().any(|n| r.name().contains(n.as_str())))
         .collect();
     println!(
-        "vLLM CPU engines skipped: 4.2 GiB and about 90 s to start each, two do not fit beside \
-         the routers on this machine's memory and time"
+        "vLLM CPU engines skipped: 4.2 GiB and about 90 s to start each, restarted for every \
+         router, would add three minutes of start-up to each pass on two cores"
     );
     let setup = llama::Setup::find();
     let started = Instant::now();
