@@ -7,7 +7,7 @@ use crate::common::peers::{
     start_haproxy, start_haproxy_with, start_sglang_router, start_smg, start_vllm_router,
 };
 use crate::common::*;
-use crate::setup::{MAX_IN_FLIGHT, MAX_RUNNING, REPLICAS, SESSION_HEADER};
+use crate::setup::{ENGINE_LOADS, MAX_IN_FLIGHT, MAX_RUNNING, REPLICAS, SESSION_HEADER};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Router {
@@ -195,7 +195,8 @@ impl Router {
             }
             Router::Smg { policy, sticky } => {
                 let header = sticky.then_some(SESSION_HEADER);
-                let (addr, child) = start_smg(gpus, policy, MAX_RUNNING, header).await?;
+                let (addr, child) =
+                    start_smg(gpus, policy, MAX_RUNNING, header, ENGINE_LOADS).await?;
                 Ok((vec![addr], Running::Other(child)))
             }
             Router::Haproxy(balance) => {

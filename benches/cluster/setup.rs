@@ -15,6 +15,8 @@ pub const SIM_PREFILL_TOKENS_PER_SEC: f64 = 10_000.0;
 pub const MAX_IN_FLIGHT: u32 = 32;
 pub const REPLICAS: usize = 4;
 pub const SESSION_HEADER: &str = "x-session-id";
+/// gpu-sim serves SGLang's `/v1/loads`, which SMG polls.
+pub const ENGINE_LOADS: bool = true;
 /// The model the simulated GPUs serve and every request names: SMG sends a request only to
 /// a worker serving the model it names.
 pub const MODEL_NAME: &str = "sim-llama-3-8b";

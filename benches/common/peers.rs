@@ -321,26 +321,38 @@ pub async fn start_sglang_router(
 }
 
 /// SMG 1.13 with `policy` in front of `workers` of `slots` running requests each, keeping a
-/// session on its worker by `sticky_header` when given; once it says it is ready.
+/// session on its worker by `sticky_header` when given; once it says it is ready. `loads`:
+/// whether the workers serve SGLang's `/v1/loads`.
 pub async fn start_smg(
     workers: &[SocketAddr],
     policy: &str,
     slots: usize,
     sticky_header: Option<&str>,
+    loads: bool,
 ) -> Result<(SocketAddr, Killed), String> {
     let mut command = Command::new(venv("smg-venv", &SMG, &["smg"])?.join("smg"));
     command.arg("launch");
     command.args(balance_thresholds(slots));
-    command
-        // prefix_hash's own gate: a worker this many requests over the mean (default 10, more
-        // than a GPU's whole batch here) and 1.25 times it is walked past on the ring; scaled
-        // to the slots as above (`--prefix-hash-balance-abs-threshold` help).
-        .args(["--prefix-hash-balance-abs-threshold", &slots.to_string()])
+    // prefix_hash's own gate: a worker this many requests over the mean (default 10, more
+    // than a GPU's whole batch here) and 1.25 times it is walked past on the ring; scaled
+    // to the slots as above (`--prefix-hash-balance-abs-threshold` help).
+    command.args(["--prefix-hash-balance-abs-threshold", &slots.to_string()]);
+    if loads {
         // It polls each SGLang engine's `/v1/loads` (running, waiting, `token_usage`) for its
         // overload protection (on by default: 8 waiting or 0.8 of the KV pool, a full batch
         // here, kept) and its load-aware choices; every 10 s by default, longer than a turn
         // of these runs, so every second.
-        .args(["--load-monitor-interval", "1"])
+        command.args(["--load-monitor-interval", "1"]);
+    } else {
+        // Engines without `/v1/loads` (llama.cpp): nothing to poll, and overload protection,
+        // which reads only that page, switched off rather than fed nothing; SMG then balances
+        // on the requests it has in flight itself (`--disable-load-monitoring` help).
+        command.args([
+            "--disable-load-monitoring",
+            "--disable-worker-overload-protection",
+        ]);
+    }
+    command
         // The simulator serves no tokenizer: SMG routes on the raw text, as it does over HTTP.
         .arg("--disable-tokenizer-autoload");
     if let Some(header) = sticky_header {

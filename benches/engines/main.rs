@@ -1,0 +1,112 @@
+//! The routers on real engines: two `llama-server` engines (llama.cpp on the CPU, a tiny
+//! random-weight Llama, from the real-engine tests' harness) behind each router in turn, on
+//! one seeded multi-turn workload, the engines restarted for every router so that each starts
+//! with cold caches.
+//!
+//! `cargo bench --bench engines [-- SEED... ROUTER...]`: numbers are seeds (one pass per seed
+//! and router; medians with min-max when more than one), anything else keeps the routers whose
+//! name holds it. Prints a table and writes `target/bench-results/engines.json` (or
+//! `$BENCH_OUT`).
+//!
+//! What is measured per router: TTFT p50/p99 and end-to-end p50 of the streamed turns as the
+//! client sees them, the pass's wall time, failed turns, and the engines' own word on reuse:
+//! the cached prompt tokens each final chunk reports (`timings.cache_n`) over all prompt
+//! tokens, and `llamacpp:prompt_tokens_cached_total` scraped from each engine before it stops.
+//!
+//! The routers' set-up is the cluster bench's (`benches/cluster/routers.rs`), scaled to two
+//! slots an engine; SMG polls no `/v1/loads`, which llama.cpp does not serve (see
+//! `common/peers.rs`).
+
+#[path = "../common/mod.rs"]
+mod common;
+// The harness and the stream reader are the real-engine tests' own; the bench uses part.
+#[allow(dead_code)]
+#[path = "../../tests/real_engines/llama.rs"]
+mod llama;
+mod report;
+#[allow(dead_code)]
+#[path = "../cluster/routers.rs"]
+mod routers;
+mod run;
+mod setup;
+#[allow(dead_code)]
+#[path = "../../tests/real_engines/stream.rs"]
+mod stream;
+mod workload;
+
+use std::time::Instant;
+
+use routers::Router;
+
+/// The seed of a run that names none.
+const SEED: u64 = 20270101;
+
+const ROUTERS: [Router; 7] = [
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: 1,
+        header: false,
+        placement: false,
+        exchange: false,
+    },
+    Router::Prefixlb {
+        policy: "least_cost",
+        replicas: 1,
+        header: true,
+        placement: false,
+        exchange: false,
+    },
+    Router::Smg {
+        policy: "cache_aware",
+        sticky: false,
+    },
+    Router::Smg {
+        policy: "cache_aware",
+        sticky: true,
+    },
+    Router::Vllm("consistent_hash"),
+    Router::Vllm("sticky_least_loaded"),
+    Router::Haproxy("roundrobin"),
+];
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let mut seeds: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    if seeds.is_empty() {
+        seeds.push(SEED);
+    }
+    let names: Vec<&String> = args.iter().filter(|a| a.parse::<u64>().is_err()).collect();
+    let routers: Vec<Router> = ROUTERS
+        .into_iter()
+        .filter(|r| names.is_empty() || names.iter().any(|n| r.name().contains(n.as_str())))
+        .collect();
+    println!(
+        "vLLM CPU engines skipped: 4.2 GiB and about 90 s to start each, restarted for every \
+         router, would add three minutes of start-up to each pass on two cores"
+    );
+    let setup = llama::Setup::find();
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    for router in routers {
+        let mut passes = Vec::new();
+        for &seed in &seeds {
+            match run::pass(&setup, router, seed).await {
+                Ok(pass) => {
+                    println!("{}", report::line(&router.name(), seed, &pass));
+                    passes.push(pass);
+                }
+                Err(e) => println!("{}: skipped ({e})", router.name()),
+            }
+        }
+        if !passes.is_empty() {
+            rows.push(report::Row::new(router.name(), passes));
+        }
+    }
+    report::print_table(&rows);
+    let path = report::write_json(&rows, &seeds, started.elapsed());
+    println!("run time {:.0?}; {}", started.elapsed(), path.display());
+}

@@ -1,0 +1,134 @@
+//! One router's pass: fresh engines, the router in front, every session played against it.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::llama::{Setup, MODEL};
+use crate::routers::Router;
+use crate::setup::SESSION_HEADER;
+use crate::stream;
+use crate::workload::{Session, Workload, MAX_TOKENS};
+
+/// One turn as the client saw it; `None` when it failed.
+pub struct Turn {
+    pub ttft: Duration,
+    pub e2e: Duration,
+    pub prompt: u64,
+    pub cached: u64,
+}
+
+pub struct Pass {
+    pub turns: Vec<Option<Turn>>,
+    pub wall: Duration,
+    /// `llamacpp:prompt_tokens_cached_total` of each engine at the end.
+    pub engine_cached: Vec<f64>,
+}
+
+pub async fn pass(setup: &Setup, router: Router, seed: u64) -> Result<Pass, String> {
+    let workload = Workload::new(seed);
+    let logs = tempfile::tempdir().map_err(|e| e.to_string())?;
+    // Fresh engines: nothing cached from the previous router.
+    let engines = setup.engines(2, logs.path()).await;
+    let addrs: Vec<_> = engines.iter().map(|e| e.addr).collect();
+    let (entry, running) = router.start(&addrs).await?;
+    let url = format!("http://{}/v1/chat/completions", entry[0]);
+    let header = router.sends_header();
+    let start = Instant::now();
+    let sessions: Vec<_> = workload
+        .sessions
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let system = workload.prompts[s.system].clone();
+            let (session, url) = (s.clone(), url.clone());
+            tokio::spawn(async move { play(&url, i, header, system, session).await })
+        })
+        .collect();
+    let mut turns = Vec::new();
+    for s in sessions {
+        turns.extend(s.await.map_err(|e| e.to_string())?);
+    }
+    let wall = start.elapsed();
+    drop(running);
+    let mut engine_cached = Vec::new();
+    for e in &engines {
+        engine_cached.push(metric(
+            &e.metrics().await,
+            "llamacpp:prompt_tokens_cached_total",
+        ));
+    }
+    drop(engines);
+    Ok(Pass {
+        turns,
+        wall,
+        engine_cached,
+    })
+}
+
+/// A session's turns, each resending the whole conversation; a failed turn leaves an empty
+/// answer in the history and the session goes on.
+async fn play(
+    url: &str,
+    i: usize,
+    header: bool,
+    system: String,
+    session: Session,
+) -> Vec<Option<Turn>> {
+    tokio::time::sleep(session.arrival).await;
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    let mut turns = Vec::new();
+    for (t, question) in session.turns.into_iter().enumerate() {
+        if t > 0 {
+            tokio::time::sleep(session.think[t - 1]).await;
+        }
+        messages.push(json!({"role": "user", "content": question}));
+        let body = json!({
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": MAX_TOKENS,
+            "stream": true,
+        });
+        let mut request = reqwest::Client::new()
+            .post(url)
+            .header("x-request-id", format!("s{i}-t{t}"))
+            .json(&body)
+            .timeout(Duration::from_secs(120));
+        if header {
+            request = request.header(SESSION_HEADER, format!("session-{i}"));
+        }
+        // In a task of its own: the stream reader asserts on what it reads, and a failed turn
+        // is counted, not fatal.
+        let start = Instant::now();
+        let reply = tokio::spawn(async move {
+            let response = request.send().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(stream::read(response, start).await)
+        })
+        .await;
+        let turn = match reply {
+            Ok(Ok(r)) if r.done && r.error.is_none() => {
+                messages.push(json!({"role": "assistant", "content": r.text}));
+                Some(Turn {
+                    ttft: r.ttft,
+                    e2e: start.elapsed(),
+                    prompt: r.prompt,
+                    cached: r.cached,
+                })
+            }
+            _ => {
+                messages.push(json!({"role": "assistant", "content": ""}));
+                None
+            }
+        };
+        turns.push(turn);
+    }
+    turns
+}
+
+/// A counter's value on a Prometheus page (0 when absent).
+fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
