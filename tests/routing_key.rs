@@ -5,6 +5,10 @@ use http::{HeaderMap, HeaderValue, Method};
 use prefixlb::routing::*;
 use proptest::prelude::*;
 
+// The Anthropic Messages and OpenAI Responses shapes, with this file's helpers.
+#[path = "routing_key/api_shapes.rs"]
+mod api_shapes;
+
 const CHAT: &str = "/v1/chat/completions";
 
 fn extractor() -> KeyExtractor {

@@ -5,9 +5,10 @@
 //!
 //! The map is direct-mapped and fixed in size: an id's hash picks its one slot, and a newer id
 //! that lands there takes it. Memory stays bounded (some 60 bytes a slot with its peer's name,
-//! under 4 MiB at the default) whatever the traffic, and the ids lost are, on average, the oldest: a conversation
-//! names only its latest response, so a follow-up that comes within the last tens of thousands
-//! of responses finds its peer. One that does not is routed by its key like any other request.
+//! under 4 MiB at the default) whatever the traffic, and the ids lost are, on average, the
+//! oldest: a conversation names only its latest response, so a follow-up that comes within the
+//! last tens of thousands of responses finds its peer. One that does not is routed by its key
+//! like any other request.
 
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};

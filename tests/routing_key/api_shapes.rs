@@ -2,23 +2,10 @@
 //! (system prompt or instructions before it, then the first user message), stable across
 //! turns, distinct across conversations, and never a panic on a malformed or cut body.
 
-use http::{HeaderMap, Method};
-use prefixlb::routing::*;
-use proptest::prelude::*;
+use super::*;
 
 const MESSAGES: &str = "/v1/messages";
 const RESPONSES: &str = "/v1/responses";
-
-fn key_of(path: &str, body: &[u8], end: BodyEnd) -> Extract {
-    KeyExtractor::default().key_for(&RequestParts {
-        method: &Method::POST,
-        path,
-        headers: &HeaderMap::new(),
-        client: Some("192.0.2.7".parse().unwrap()),
-        body,
-        end,
-    })
-}
 
 fn key(path: &str, body: &str) -> RoutingKey {
     match key_of(path, body.as_bytes(), BodyEnd::Complete) {
