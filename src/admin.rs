@@ -45,6 +45,7 @@ impl Admin {
             .peers()
             .iter()
             .map(|p| {
+                let cache = p.cache_report();
                 json!({
                     "address": p.id(),
                     "weight": p.weight(),
@@ -67,6 +68,16 @@ impl Admin {
                     "capacity": (p.capacity() > 0).then(|| p.capacity()),
                     "prefill_queue_tokens": p.prefill_queue(),
                     "decode_ms": p.decode_time().map(|t| t.as_millis() as u64),
+                    // Learned from the peer's first bytes; null until it has shown its own.
+                    "prefill_tokens_per_second": p.prefill_rate().map(f64::round),
+                    // The engine's own reports of cached tokens against the record's
+                    // prediction, over the answers that carried them.
+                    "cache": {
+                        "prompt_tokens": cache.prompt_tokens,
+                        "predicted_cached_tokens": cache.predicted_cached,
+                        "reported_cached_tokens": cache.reported_cached,
+                        "evictions": cache.evicted,
+                    },
                     "estimated_wait_ms": self.router.estimated_wait(p).as_millis() as u64,
                     "engine": p.engine().map(|(e, age)| json!({
                         "running": e.running,

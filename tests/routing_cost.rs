@@ -145,7 +145,7 @@ fn a_long_prefill_queue_sends_the_key_to_a_cold_peer_and_it_turns_warm() {
     let mut ahead = Vec::new();
     for _ in 0..3 {
         let mut slot = peers[0].take();
-        slot.expect_prefill(10_000);
+        slot.expect_prefill(10_000, 0.0, 10_000);
         ahead.push(slot);
     }
     let spilled = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
@@ -155,7 +155,7 @@ fn a_long_prefill_queue_sends_the_key_to_a_cold_peer_and_it_turns_warm() {
     // The next peer of the walk is busier now than the third; the one that served the key
     // last holds its newest turns, and wins over the idle cold one.
     let mut other = peers[1].take();
-    other.expect_prefill(1_000);
+    other.expect_prefill(1_000, 0.0, 1_000);
     let again = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
     assert!(Arc::ptr_eq(again.slot.peer(), &peers[1]), "went cold");
     assert_eq!(again.route, Route::Replica);
@@ -170,7 +170,7 @@ fn a_long_prefill_queue_sends_the_key_to_a_cold_peer_and_it_turns_warm() {
     let mut busy = vec![other];
     for _ in 0..2 {
         let mut slot = peers[1].take();
-        slot.expect_prefill(10_000);
+        slot.expect_prefill(10_000, 0.0, 10_000);
         busy.push(slot);
     }
     let home = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();

@@ -95,6 +95,14 @@ pub const ROUTERS: [Router; 15] = [
     Router::HaproxyBounded,
 ];
 
+/// `BENCH_PREFIXLB_ADVANCED=key=value,...`: figures of prefixlb's `advanced:` section, set on
+/// every prefixlb row (and named in it), for a sweep or for measuring what one part brings.
+fn advanced() -> Option<String> {
+    std::env::var("BENCH_PREFIXLB_ADVANCED")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
 impl Router {
     pub fn name(self) -> String {
         match self {
@@ -116,7 +124,8 @@ impl Router {
                     (n, true) => format!(" ×{n}"),
                     (n, false) => format!(" ×{n} apart"),
                 };
-                format!("prefixlb {policy}{n}{key}")
+                let tuned = advanced().map(|a| format!(" [{a}]")).unwrap_or_default();
+                format!("prefixlb {policy}{n}{key}{tuned}")
             }
             Router::Vllm(p) => format!("vllm-router {p}, session header"),
             Router::Sglang(p) => format!("sglang-router {p}"),
@@ -157,13 +166,19 @@ impl Router {
                 exchange,
                 ..
             } => {
-                let config = TestConfig::new()
+                let mut config = TestConfig::new()
                     .peers_at(gpus.iter().copied())
                     .max_in_flight(MAX_IN_FLIGHT)
                     .policy(policy)
                     .shared_prefix_placement(placement)
                     .no_health_check()
                     .engine_metrics(true);
+                for setting in advanced().iter().flat_map(|a| a.split(',')) {
+                    let (key, value) = setting
+                        .split_once('=')
+                        .expect("BENCH_PREFIXLB_ADVANCED is key=value,...");
+                    config = config.advanced(key, value);
+                }
                 let told = if exchange {
                     crate::common::replicas(replicas)
                         .into_iter()

@@ -58,6 +58,12 @@ pub struct Client {
     pub epoch: Instant,
 }
 
+/// Every client asks for the usage of its streams, as OpenAI's clients do to count tokens: it
+/// tells the routers that read it (prefixlb) what the engine had cached.
+fn usage() -> serde_json::Value {
+    json!({"include_usage": true})
+}
+
 pub async fn run_session(c: Client, index: usize, s: Session, stats: Arc<Mutex<Vec<Stat>>>) {
     tokio::time::sleep(s.start.div_f64(SPEED)).await;
     let mut messages = vec![json!({"role": "system", "content": &*s.system})];
@@ -70,13 +76,13 @@ pub async fn run_session(c: Client, index: usize, s: Session, stats: Arc<Mutex<V
             lines.push_str(&format!("user: {}\n", t.user));
             (
                 format!("http://{lb}/v1/chat/completions"),
-                json!({"model": MODEL_NAME, "stream": true, "max_tokens": t.max_tokens, "messages": messages}),
+                json!({"model": MODEL_NAME, "stream": true, "stream_options": usage(), "max_tokens": t.max_tokens, "messages": messages}),
             )
         } else {
             text.push_str(&format!("Doctor: {}\nAssistant: ", t.user));
             (
                 format!("http://{lb}/v1/completions"),
-                json!({"model": MODEL_NAME, "stream": true, "max_tokens": t.max_tokens, "prompt": text}),
+                json!({"model": MODEL_NAME, "stream": true, "stream_options": usage(), "max_tokens": t.max_tokens, "prompt": text}),
             )
         };
         let prompt: Arc<str> = if s.chat { &lines } else { &text }.as_str().into();

@@ -170,6 +170,15 @@ async fn completions(State(s): State<Arc<Served>>, body: Bytes) -> Response {
     generate(s, prompt, &body, false).await
 }
 
+fn usage(done: Prefilled, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": done.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+    })
+}
+
 fn token_text(i: usize) -> String {
     format!("tok{i} ")
 }
@@ -197,18 +206,29 @@ async fn generate(s: Arc<Served>, prompt: String, body: &Value, chat: bool) -> R
     if stream {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let served = Arc::clone(&s);
+        // As vLLM does: the usage comes as one last event, only when asked for.
+        let include_usage = body
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         tokio::spawn(async move {
             let model = served.model.clone();
+            let mut done = None;
             served
                 .gpu
                 .run(
                     &prompt,
                     n,
-                    |_| {},
+                    |p| done = Some(p),
                     |i| tx.send(chunk(&model, chat, &token_text(i), None)).is_ok(),
                 )
                 .await;
             let _ = tx.send(chunk(&model, chat, "", Some("length")));
+            if let Some(done) = done.filter(|_| include_usage) {
+                let event =
+                    json!({"id": "sim", "model": model, "choices": [], "usage": usage(done, n)});
+                let _ = tx.send(format!("data: {event}\n\n"));
+            }
             let _ = tx.send("data: [DONE]\n\n".to_owned());
         });
         let body = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -247,12 +267,7 @@ async fn generate(s: Arc<Served>, prompt: String, body: &Value, chat: bool) -> R
         "object": if chat { "chat.completion" } else { "text_completion" },
         "model": s.model,
         "choices": [message],
-        "usage": {
-            "prompt_tokens": done.prompt_tokens,
-            "completion_tokens": n,
-            "total_tokens": done.prompt_tokens + n,
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
-        },
+        "usage": usage(done, n),
     });
     (
         [

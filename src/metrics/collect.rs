@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use prometheus::core::{Atomic, Collector, Desc, GenericGaugeVec};
 use prometheus::proto::MetricFamily;
-use prometheus::{GaugeVec, IntCounter, IntGauge, IntGaugeVec, Opts};
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 use super::counters;
 use crate::router::Router;
@@ -78,6 +78,32 @@ const PEER_GAUGES: [(&str, &str); 9] = [
     ),
 ];
 
+const PEER_RATE: (&str, &str) = (
+    "prefixlb_peer_prefill_tokens_per_second",
+    "Prompt tokens each peer prefills a second, as learned from its first bytes (the configured starting value until it has shown its own)",
+);
+
+/// The engine's cached tokens against the record's prediction, over the answers that
+/// reported them: how well routing places prompts, in the engine's own count.
+const PEER_CACHE_COUNTERS: [(&str, &str); 4] = [
+    (
+        "prefixlb_peer_usage_prompt_tokens_total",
+        "Prompt tokens of the answers whose usage said how many were cached",
+    ),
+    (
+        "prefixlb_peer_predicted_cached_tokens_total",
+        "Cached prompt tokens the prompt record predicted, over the same answers",
+    ),
+    (
+        "prefixlb_peer_reported_cached_tokens_total",
+        "Cached prompt tokens the engine reported, over the same answers",
+    ),
+    (
+        "prefixlb_peer_cache_evictions_total",
+        "Answers whose engine had far less of the prompt cached than the record said (the record forgot it there)",
+    ),
+];
+
 const POOL_GAUGES: [(&str, &str); 2] = [
     (
         "prefixlb_pool_peers",
@@ -97,6 +123,13 @@ impl Collector for PeerGauges {
     fn collect(&self) -> Vec<MetricFamily> {
         let cluster = self.router.cluster();
         let vecs: Vec<IntGaugeVec> = gauge_vecs(&PEER_GAUGES, "peer");
+        let rate: GaugeVec = gauge_vecs(&[PEER_RATE], "peer").remove(0);
+        let cache: Vec<IntCounterVec> = PEER_CACHE_COUNTERS
+            .iter()
+            .map(|(name, help)| {
+                IntCounterVec::new(Opts::new(*name, *help), &["peer"]).expect("valid metric")
+            })
+            .collect();
         for p in cluster.peers() {
             let values = [
                 i64::from(p.in_flight()),
@@ -111,6 +144,20 @@ impl Collector for PeerGauges {
             ];
             for (vec, value) in vecs.iter().zip(values) {
                 vec.with_label_values(&[p.id()]).set(value);
+            }
+            rate.with_label_values(&[p.id()]).set(
+                p.prefill_rate()
+                    .unwrap_or(self.router.balance.cost.prefill_tokens_per_sec),
+            );
+            let c = p.cache_report();
+            let counts = [
+                c.prompt_tokens,
+                c.predicted_cached,
+                c.reported_cached,
+                c.evicted,
+            ];
+            for (vec, value) in cache.iter().zip(counts) {
+                vec.with_label_values(&[p.id()]).inc_by(value);
             }
         }
         let pool_vecs: Vec<IntGaugeVec> = gauge_vecs(&POOL_GAUGES, "model");
@@ -146,6 +193,8 @@ impl Collector for PeerGauges {
         vecs.iter()
             .chain(&pool_vecs)
             .flat_map(|v| v.collect())
+            .chain(rate.collect())
+            .chain(cache.iter().flat_map(|v| v.collect()))
             .chain(depth.collect())
             .chain(record.flatten())
             .chain(evictions.collect())
@@ -235,6 +284,8 @@ pub fn register(router: Arc<Router>, tenants: Option<Arc<Tenants>>) -> prometheu
         counters::register_tenant_counters();
     }
     let mut peer_descs = descs(&PEER_GAUGES, "peer")?;
+    peer_descs.extend(descs(&[PEER_RATE], "peer")?);
+    peer_descs.extend(descs(&PEER_CACHE_COUNTERS, "peer")?);
     peer_descs.extend(descs(&POOL_GAUGES, "model")?);
     for (name, help) in
         RECORD_GAUGES

@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::error::ApiError;
 use crate::lifecycle::Request;
-use crate::routing::{Demand, IdReader, KeySource, Peer, Route, Routed, Slot};
+use crate::routing::{Demand, IdReader, KeySource, Peer, Route, Routed, Slot, UsageReader};
 use crate::tenants::{Tenant, TenantSlot};
 
 pub struct RequestCtx {
@@ -46,6 +46,8 @@ pub struct RequestCtx {
     pub(crate) tenant: Option<TenantSlot>,
     /// Reads the id of the Responses API response being forwarded, to learn where it lives.
     pub(crate) response_id: Option<Box<IdReader>>,
+    /// Reads what the engine says it had cached of the prompt, from its answer.
+    pub(crate) usage: Option<Box<UsageReader>>,
     /// The error to answer with, when a hook failed on purpose.
     pub(crate) error: Option<ApiError>,
     /// Keeps a draining process alive until the request ends.
@@ -73,6 +75,7 @@ impl RequestCtx {
             client: None,
             tenant: None,
             response_id: None,
+            usage: None,
             error: None,
             _serving: serving,
         }

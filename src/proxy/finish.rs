@@ -16,6 +16,7 @@ use crate::routing::KeySource;
 impl PrefixLb {
     /// Releases the request's slot, counts it and writes its access log line.
     pub(crate) fn finish(&self, session: &Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        self.settle_usage(ctx);
         // The response has ended or the client has gone: either way the slot is free now.
         let slot = ctx.slot.take();
         let served_by = slot

@@ -27,6 +27,7 @@ mod route;
 pub mod service;
 pub mod shared_load;
 mod upstream;
+mod usage;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,6 +157,7 @@ impl ProxyHttp for PrefixLb {
     ) -> Result<()> {
         ctx.upstream_status = Some(upstream_response.status.as_u16());
         self.watch_response(session, ctx, upstream_response.status.as_u16());
+        self.watch_usage(ctx, upstream_response.status.as_u16());
         // Once the engine answers, no other attempt follows: the bytes kept for one, and their
         // share of the peek memory, can go (once the first body chunk has carried them).
         if !ctx.unreplayed_due {
@@ -204,6 +206,7 @@ impl ProxyHttp for PrefixLb {
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
         self.learn_response(ctx, body.as_ref());
+        self.read_usage(ctx, body.as_ref());
         if ctx.first_byte.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
             if let Some(chosen) = ctx.chosen {
                 let ttfb = chosen.elapsed();

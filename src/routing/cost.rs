@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use super::tuning::Tuning;
 
-/// Prompt tokens a GPU prefills per second by default: an 8B model on one H100-class GPU.
+/// Prompt tokens a GPU prefills per second until its answers have shown its own rate: an 8B
+/// model on one H100-class GPU.
 pub const DEFAULT_PREFILL_TOKENS_PER_SEC: f64 = 10_000.0;
 
 /// Distinct peers of a key's walk priced by default: its primary and the next two.
@@ -33,6 +34,8 @@ pub const MAX_CANDIDATES: u32 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
+    /// The prefill rate a peer is priced at until it has shown its own (see
+    /// [`crate::routing::prefill`]).
     pub prefill_tokens_per_sec: f64,
     /// Distinct eligible peers of the key's walk priced, the primary first (1 to
     /// [`MAX_CANDIDATES`]).
@@ -72,6 +75,8 @@ pub struct Pricing {
     pub prefill_queue: u64,
     /// How long a request streams there after its first byte, on average.
     pub decode: Option<Duration>,
+    /// Prompt tokens it prefills a second, as its answers showed; `None`: not yet known.
+    pub rate: Option<f64>,
     /// The share of the prompt it is expected to hold (`α`, 0 to 1).
     pub hit: f64,
 }
@@ -88,7 +93,7 @@ impl CostModel {
         });
         let t = &self.tuning;
         let t_prefill =
-            (1.0 - alpha) * f64::from(prompt_tokens) / self.rate() * (1.0 + t.arrivals + running);
+            (1.0 - alpha) * f64::from(prompt_tokens) / self.rate(p) * (1.0 + t.arrivals + running);
         let t_decode = t.decode_share * running * self.decode(p);
         self.wait(p) + t_prefill + t_decode
     }
@@ -101,7 +106,7 @@ impl CostModel {
             0 => 0,
             slots => (p.load + 1).saturating_sub(slots),
         };
-        p.prefill_queue as f64 / self.rate()
+        p.prefill_queue as f64 / self.rate(p)
             + f64::from(queued) * self.decode(p) / f64::from(p.capacity.max(1))
     }
 
@@ -110,8 +115,10 @@ impl CostModel {
         p.decode.unwrap_or(self.tuning.default_decode).as_secs_f64()
     }
 
-    fn rate(&self) -> f64 {
-        self.prefill_tokens_per_sec.max(1.0)
+    /// The peer's own rate once learned, the configured one before.
+    fn rate(&self, p: &Pricing) -> f64 {
+        let learned = p.rate.filter(|_| self.tuning.learn_prefill_rate);
+        learned.unwrap_or(self.prefill_tokens_per_sec).max(1.0)
     }
 
     /// The tokens a request is expected to make a peer holding `hit` of it prefill.
@@ -132,6 +139,7 @@ mod tests {
         capacity: 0,
         prefill_queue: 0,
         decode: Some(Duration::from_secs(1)),
+        rate: None,
         hit: 0.0,
     };
 
@@ -230,6 +238,16 @@ mod tests {
         let with_room = Pricing { load: 6, ..full };
         assert!(close(model().wait(&with_room), 0.0));
         assert!(model().estimate(&with_room, 5_000) < model().estimate(&full, 5_000));
+    }
+
+    #[test]
+    fn a_learned_rate_replaces_the_configured_one() {
+        let slow = Pricing {
+            rate: Some(2_500.0),
+            ..IDLE
+        };
+        let cost = model().estimate(&slow, 5_000);
+        assert!(close(cost, 2.0 * (1.0 + ARRIVALS)), "{cost}");
     }
 
     #[test]

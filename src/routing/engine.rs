@@ -1,9 +1,13 @@
 //! What a peer's engine shows of itself: the figures its metrics endpoint reports, the running
-//! slots inferred from them, and the mean time its answers stream.
+//! slots inferred from them, the mean time its answers stream, the prefill rate its answers
+//! show, and the cached tokens it reported against those the record predicted.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use super::prefill::PrefillFit;
+use super::usage::Usage;
 
 /// What an engine says of itself on its metrics endpoint (vLLM's or SGLang's names).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -26,6 +30,33 @@ pub struct Engine {
     /// Mean time a request streams its answer, from first byte to end, in microseconds (an
     /// EWMA; 0 until one has ended).
     decode_us: AtomicU32,
+    /// The samples of the prefill rate, written when an answer ends.
+    fit: Mutex<PrefillFit>,
+    /// The rate the fit gives, as `f64` bits (0: none yet): read on every pricing, so not
+    /// behind the lock.
+    rate: AtomicU64,
+    cache: CacheCounts,
+}
+
+/// Tokens of the answers that reported their usage: the prompts', and the cached ones the
+/// record predicted and the engine reported.
+#[derive(Debug, Default)]
+struct CacheCounts {
+    prompt: AtomicU64,
+    predicted: AtomicU64,
+    reported: AtomicU64,
+    /// Answers whose report showed that the engine had dropped what the record said it held.
+    evicted: AtomicU64,
+}
+
+/// The engine's cached tokens against the record's prediction, summed over the answers that
+/// reported them (in the engine's tokens).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheReport {
+    pub prompt_tokens: u64,
+    pub predicted_cached: u64,
+    pub reported_cached: u64,
+    pub evicted: u64,
 }
 
 impl Engine {
@@ -64,6 +95,48 @@ impl Engine {
         match self.decode_us.load(Ordering::Relaxed) {
             0 => None,
             us => Some(Duration::from_micros(u64::from(us))),
+        }
+    }
+
+    /// Prompt tokens the engine prefills a second, as its answers showed; `None` until enough
+    /// of them have.
+    pub fn prefill_rate(&self) -> Option<f64> {
+        match self.rate.load(Ordering::Relaxed) {
+            0 => None,
+            bits => Some(f64::from_bits(bits)),
+        }
+    }
+
+    /// Counts one request that prefilled `tokens` before its first byte, `ttfb` after it was
+    /// sent; returns the rate learned so far.
+    pub fn record_prefill(&self, tokens: f64, ttfb: Duration) -> Option<f64> {
+        let mut fit = self.fit.lock().unwrap_or_else(|p| p.into_inner());
+        fit.add(tokens, ttfb.as_secs_f64());
+        let rate = fit.rate();
+        self.rate
+            .store(rate.map_or(0, f64::to_bits), Ordering::Relaxed);
+        rate
+    }
+
+    /// Counts one answer's usage against the share of its prompt the record predicted cached.
+    pub fn record_usage(&self, usage: Usage, predicted_share: f64, evicted: bool) {
+        let c = &self.cache;
+        let prompt = u64::from(usage.prompt_tokens);
+        let predicted = (prompt as f64 * predicted_share.clamp(0.0, 1.0)).round() as u64;
+        c.prompt.fetch_add(prompt, Ordering::Relaxed);
+        c.predicted.fetch_add(predicted, Ordering::Relaxed);
+        c.reported
+            .fetch_add(u64::from(usage.cached_tokens), Ordering::Relaxed);
+        c.evicted.fetch_add(u64::from(evicted), Ordering::Relaxed);
+    }
+
+    pub fn cache_report(&self) -> CacheReport {
+        let c = &self.cache;
+        CacheReport {
+            prompt_tokens: c.prompt.load(Ordering::Relaxed),
+            predicted_cached: c.predicted.load(Ordering::Relaxed),
+            reported_cached: c.reported.load(Ordering::Relaxed),
+            evicted: c.evicted.load(Ordering::Relaxed),
         }
     }
 

@@ -16,9 +16,35 @@ pub struct ClusterLoad {
     /// process's waiters take every slot the other's requests give back.
     siblings: AtomicBool,
     waiters: WaitQueue,
+    /// The prefill rate the peers have shown, as `f64` bits (0: none yet): what a peer that
+    /// has not shown its own is priced at. Peers behind one balancer are mostly alike, and a
+    /// peer priced at the configured guess beside siblings priced at their true rate would win
+    /// or lose every comparison on that difference alone.
+    rate: AtomicU64,
 }
 
 impl ClusterLoad {
+    /// The peers' prefill rate, once one has shown its own.
+    pub fn prefill_rate(&self) -> Option<f64> {
+        match self.rate.load(Ordering::Relaxed) {
+            0 => None,
+            bits => Some(f64::from_bits(bits)),
+        }
+    }
+
+    /// Folds a rate one peer has shown into the peers' rate (an EWMA over the last updates).
+    pub fn learned_rate(&self, rate: f64) {
+        let _ = self
+            .rate
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                let mean = match bits {
+                    0 => rate,
+                    bits => (f64::from_bits(bits) * 7.0 + rate) / 8.0,
+                };
+                Some(mean.to_bits())
+            });
+    }
+
     /// Requests this router has in flight.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)

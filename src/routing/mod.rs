@@ -51,9 +51,10 @@
 //! ```
 
 //! The modules, bottom up (each uses only those above it): `tuning` (the cost model's figures),
-//! `queue` (the waiting line), `outlier`, `spec` (a peer as configured), `engine` (what a
-//! peer's engine reports), `load` (the counts behind every ceiling), `cost`, `pool` (peers by
-//! model), `peer` (the live peer and its slots), `hash`, `blocks` (a prompt's chain of block
+//! `queue` (the waiting line), `outlier`, `spec` (a peer as configured), `usage` (what an
+//! answer says the engine had cached), `prefill` (the rate learned from first bytes), `engine`
+//! (what a peer's engine reports and shows), `load` (the counts behind every ceiling), `cost`,
+//! `pool` (peers by model), `peer` (the live peer), `slot` (one request on it), `hash`, `blocks` (a prompt's chain of block
 //! names), `ring`, `record` (where prompt blocks went: its table, then what it answers),
 //! `policy` (what is asked and what a choice gave, the view of the cluster a policy reads, one
 //! file per policy), `cluster` (membership, eligibility, and the call into the policy),
@@ -70,26 +71,29 @@ pub mod outlier;
 pub mod peer;
 pub mod policy;
 pub mod pool;
+pub mod prefill;
 mod prompt;
 pub mod queue;
 pub mod record;
 pub mod responses;
 pub mod ring;
+pub mod slot;
 mod source;
 pub mod spec;
 pub mod tuning;
+pub mod usage;
 
 pub use blocks::{Blocks, BLOCK_BYTES, MAX_BLOCKS};
 pub use cluster::Cluster;
 pub use cost::{CostModel, Pricing};
-pub use engine::EngineReport;
+pub use engine::{CacheReport, EngineReport};
 pub use key::{
     BodyEnd, BodyKind, Extract, Fallback, FallbackReason, KeyConfig, KeyExtractor, KeySource,
     RequestParts, RoutingKey,
 };
 pub use load::ClusterLoad;
 pub use outlier::{is_peer_fault, OutlierPolicy};
-pub use peer::{Peer, Slot};
+pub use peer::Peer;
 pub use policy::{Balance, Decision, Demand, Policy, Route, Routed, DEFAULT_BALANCE_FACTOR};
 pub use pool::{ModelId, PoolChoice};
 /// The model a prompt-carrying body asks for, wherever `model` comes in it (after `messages`
@@ -99,5 +103,7 @@ pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitQueue};
 pub use record::{Holdings, PrefixRecord, RecordStats};
 pub use responses::{previous_in, IdReader, ResponseHomes};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};
+pub use slot::Slot;
 pub use spec::{canonical, PeerSpec, Weight, MAX_WEIGHT, UNLIMITED};
 pub use tuning::Tuning;
+pub use usage::{Usage, UsageReader};

@@ -1,20 +1,22 @@
-//! The live peer: what it carries, what it may carry, whether it may be chosen, and the RAII
-//! [`Slot`] that counts one request on it. A [`Peer`] is keyed by its address and outlives any
-//! one ring: a rebuild hands the same `Arc` to the new ring, so a peer that stays keeps its
-//! count, and a removed peer's count drains through the slots that still hold it.
+//! The live peer: what it carries, what it may carry and whether it may be chosen (its slots,
+//! each counting one request on it, are [`crate::routing::slot`]'s). A [`Peer`] is keyed by its
+//! address and outlives any one ring: a rebuild hands the same `Arc` to the new ring, so a peer
+//! that stays keeps its count, and a removed peer's count drains through the slots that still
+//! hold it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 
 use super::cost::Pricing;
-use super::engine::{Engine, EngineReport};
+use super::engine::{CacheReport, Engine, EngineReport};
 use super::load::{ClusterLoad, Others};
 use super::outlier::{Outlier, OutlierPolicy};
 use super::pool::{serves, Listed, ModelId, ModelNames};
+use super::prefill::RATES_APART;
 use super::spec::{PeerSpec, Weight};
 
 /// Serials start at 1: 0 marks an empty way of the prompt record.
@@ -32,17 +34,17 @@ pub struct Peer {
     tls: ArcSwapOption<String>,
     /// The models it lists, by name and id; `None`: it lists none and serves any.
     models: ArcSwapOption<Listed>,
-    in_flight: AtomicU32,
+    pub(super) in_flight: AtomicU32,
     others: Others,
-    engine: Engine,
+    pub(super) engine: Engine,
     /// Prompt tokens this process expects the peer still to prefill: its requests' uncached
     /// estimates, from the choice to the first byte of the answer.
-    prefill_queue: AtomicU64,
+    pub(super) prefill_queue: AtomicU64,
     healthy: AtomicBool,
     draining: AtomicBool,
     removed: AtomicBool,
     outlier: Outlier,
-    cluster: Arc<ClusterLoad>,
+    pub(super) cluster: Arc<ClusterLoad>,
 }
 
 impl Peer {
@@ -133,6 +135,16 @@ impl Peer {
         self.engine.decode_time()
     }
 
+    /// Prompt tokens it prefills a second, as its answers showed; `None` until they have.
+    pub fn prefill_rate(&self) -> Option<f64> {
+        self.engine.prefill_rate()
+    }
+
+    /// Its engine's reported cached tokens against the record's prediction.
+    pub fn cache_report(&self) -> CacheReport {
+        self.engine.cache_report()
+    }
+
     /// What the cost rule believes of the peer now, for a prompt it holds `hit` of.
     pub fn pricing(&self, hit: f64) -> Pricing {
         Pricing {
@@ -140,6 +152,7 @@ impl Peer {
             capacity: self.capacity(),
             prefill_queue: self.prefill_queue(),
             decode: self.decode_time(),
+            rate: priced_rate(self.prefill_rate(), self.cluster.prefill_rate()),
             hit,
         }
     }
@@ -212,88 +225,17 @@ impl Peer {
     pub fn engine(&self) -> Option<(EngineReport, Duration)> {
         self.engine.last()
     }
-
-    /// Takes a slot if the peer carries fewer than `bound` requests, its external load
-    /// included. The check and the increment are one compare-and-swap, so concurrent takers can
-    /// never push the count past `bound`.
-    pub fn try_take(self: &Arc<Self>, bound: u32) -> Option<Slot> {
-        let room = bound.saturating_sub(self.external());
-        self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < room).then_some(n + 1)
-            })
-            .ok()?;
-        self.cluster.took();
-        Some(Slot::new(self))
-    }
-
-    /// Takes a slot with no ceiling (pure sticky hashing).
-    pub fn take(self: &Arc<Self>) -> Slot {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.cluster.took();
-        Slot::new(self)
-    }
 }
 
-/// One in-flight request on one peer. Dropping it releases the slot, exactly once, and with
-/// it whatever prefill it still had counted.
-#[derive(Debug)]
-pub struct Slot {
-    peer: Arc<Peer>,
-    /// Tokens this request adds to the peer's prefill queue until its first byte.
-    prefill: u64,
-    /// Whether the request carries a prompt: only those time the peer's decode (a model list
-    /// answered at once would pull the mean down).
-    priced: bool,
-    /// When the first byte of the answer came, for the peer's decode time.
-    since: Option<Instant>,
-}
-
-impl Slot {
-    fn new(peer: &Arc<Peer>) -> Self {
-        Self {
-            peer: Arc::clone(peer),
-            prefill: 0,
-            priced: false,
-            since: None,
+/// The rate a peer is priced at: the peers' own while its own is within [`RATES_APART`] of it
+/// or unknown, its own beyond.
+fn priced_rate(own: Option<f64>, peers: Option<f64>) -> Option<f64> {
+    match (own, peers) {
+        (Some(own), Some(peers)) if own > peers * RATES_APART || own * RATES_APART < peers => {
+            Some(own)
         }
-    }
-
-    pub fn peer(&self) -> &Arc<Peer> {
-        &self.peer
-    }
-
-    /// Counts `tokens` of prompt the peer must prefill for this request, until
-    /// [`Slot::prefilled`] or the end.
-    pub fn expect_prefill(&mut self, tokens: u64) {
-        self.peer.prefill_queue.fetch_add(tokens, Ordering::Relaxed);
-        self.prefill += tokens;
-        self.priced = true;
-    }
-
-    /// The first byte of the answer came: the prompt is prefilled, and the answer streams
-    /// until the slot is dropped.
-    pub fn prefilled(&mut self) {
-        self.release_prefill();
-        if self.priced {
-            self.since.get_or_insert_with(Instant::now);
-        }
-    }
-
-    fn release_prefill(&mut self) {
-        let tokens = std::mem::take(&mut self.prefill);
-        self.peer.prefill_queue.fetch_sub(tokens, Ordering::Relaxed);
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.release_prefill();
-        if let Some(since) = self.since {
-            self.peer.engine.record_decode(since.elapsed());
-        }
-        self.peer.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.peer.cluster.released();
+        (_, Some(peers)) => Some(peers),
+        (own, None) => own,
     }
 }
 
@@ -301,64 +243,20 @@ impl Drop for Slot {
 mod tests {
     use super::*;
 
-    fn peer(max: u32) -> Arc<Peer> {
-        let spec = PeerSpec::new("127.0.0.1:1".parse().unwrap()).max_in_flight(max);
-        Arc::new(Peer::new(&spec, Arc::default()))
-    }
-
     #[test]
-    fn take_stops_at_bound_and_drop_releases_once() {
-        let p = peer(2);
-        let a = p.try_take(2).unwrap();
-        let b = p.try_take(2).unwrap();
-        assert!(p.try_take(2).is_none());
-        assert_eq!(p.cluster.in_flight(), 2);
-        drop(a);
-        assert_eq!(p.in_flight(), 1);
-        let c = p.try_take(2).unwrap();
-        drop((b, c));
-        assert_eq!(p.in_flight(), 0);
-        assert_eq!(p.cluster.in_flight(), 0);
-    }
-
-    #[test]
-    fn only_prompts_time_the_decode() {
-        let p = peer(4);
-        let mut light = p.take();
-        light.prefilled();
-        drop(light);
-        assert_eq!(p.decode_time(), None, "a model list timed the decode");
-        let mut prompt = p.take();
-        prompt.expect_prefill(100);
-        assert_eq!(p.prefill_queue(), 100);
-        prompt.prefilled();
-        assert_eq!(p.prefill_queue(), 0);
-        drop(prompt);
-        assert!(p.decode_time().is_some());
-    }
-
-    #[test]
-    fn external_load_counts_against_every_ceiling() {
-        let p = peer(3);
-        p.set_external(2);
-        assert_eq!(p.cluster.external(), 2);
-        let a = p.try_take(3).unwrap();
-        assert!(
-            p.try_take(3).is_none(),
-            "2 elsewhere + 1 here = the ceiling"
-        );
-        assert_eq!(p.load(), 3);
-        p.set_external(0);
-        assert_eq!(p.cluster.external(), 0);
-        let b = p.try_take(3).unwrap();
-        drop((a, b));
-        p.set_external(7);
-        assert!(p.try_take(3).is_none(), "more elsewhere than the ceiling");
+    fn a_peer_is_priced_at_its_own_rate_only_when_it_stands_apart() {
+        assert_eq!(priced_rate(None, None), None);
+        assert_eq!(priced_rate(Some(900.0), None), Some(900.0));
+        assert_eq!(priced_rate(None, Some(1_000.0)), Some(1_000.0));
+        assert_eq!(priced_rate(Some(1_200.0), Some(1_000.0)), Some(1_000.0));
+        assert_eq!(priced_rate(Some(500.0), Some(1_000.0)), Some(500.0));
+        assert_eq!(priced_rate(Some(2_000.0), Some(1_000.0)), Some(2_000.0));
     }
 
     #[test]
     fn an_ejected_peer_is_not_eligible() {
-        let p = peer(4);
+        let spec = PeerSpec::new("127.0.0.1:1".parse().unwrap()).max_in_flight(4);
+        let p = Peer::new(&spec, Arc::default());
         let policy = OutlierPolicy {
             consecutive_failures: 1,
             ..OutlierPolicy::default()
@@ -366,35 +264,5 @@ mod tests {
         assert!(p.eligible());
         assert!(p.record_failure(&policy, true).is_some());
         assert!(p.ejected() && !p.eligible());
-    }
-
-    #[test]
-    fn bound_holds_under_eight_threads() {
-        let p = peer(5);
-        let peak = Arc::new(AtomicU32::new(0));
-        let threads: Vec<_> = (0..8)
-            .map(|_| {
-                let (p, peak) = (Arc::clone(&p), Arc::clone(&peak));
-                std::thread::spawn(move || {
-                    let mut held = Vec::new();
-                    for i in 0..20_000u32 {
-                        if let Some(s) = p.try_take(5) {
-                            peak.fetch_max(p.in_flight(), Ordering::Relaxed);
-                            held.push(s);
-                        }
-                        if i % 3 == 0 {
-                            held.pop();
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        assert!(peak.load(Ordering::Relaxed) <= 5);
-        assert!(peak.load(Ordering::Relaxed) >= 1);
-        assert_eq!(p.in_flight(), 0);
-        assert_eq!(p.cluster.in_flight(), 0);
     }
 }

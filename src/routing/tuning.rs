@@ -52,6 +52,16 @@ pub struct Tuning {
     /// stopped coming, roughly; the engine evicts by recency under memory pressure, which the
     /// balancer cannot see.
     pub warm_for: Duration,
+    /// Whether each peer is priced at the prefill rate its first bytes show (see
+    /// [`crate::routing::prefill`]) rather than the configured one. Off only to measure what
+    /// learning brings.
+    pub learn_prefill_rate: bool,
+    /// How much less of a prompt than the record predicted (a share of the prompt) an engine
+    /// may report cached before the record is taken as wrong there and forgets the
+    /// conversation on that peer (above 1: never). Engines cache whole blocks of 16 to 256
+    /// tokens, so a few points are rounding and a quarter of a prompt an eviction. Origin:
+    /// that rounding; the cluster bench's tuning seeds (see `docs/benchmarks.md`).
+    pub eviction_margin: f64,
 }
 
 impl Tuning {
@@ -68,6 +78,8 @@ impl Tuning {
         conversation_floor: 8,
         chars_per_token: 4,
         warm_for: Duration::from_secs(60),
+        learn_prefill_rate: true,
+        eviction_margin: 0.25,
     };
 }
 

@@ -274,6 +274,12 @@ impl TestConfig {
         self.set(&["routing", "shared_prefix_placement"], on)
     }
 
+    /// `advanced.<key>`: one figure of the tuning, written as YAML.
+    pub fn advanced(self, key: &str, yaml: &str) -> Self {
+        let value: Value = serde_yaml::from_str(yaml).expect("a YAML value");
+        self.set(&["advanced", key], value)
+    }
+
     pub fn prefix_record_mib(self, mib: u64) -> Self {
         self.set(&["routing", "prefix_record_mib"], mib)
     }

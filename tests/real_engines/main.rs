@@ -244,6 +244,20 @@ async fn a_conversation_returns_to_the_engine_that_caches_it_and_a_new_prefix_go
         "a prompt no engine held was found cached: {fourth:?}"
     );
     cluster.proxy.assert_idle().await;
+    // prefixlb read llama.cpp's own usage from the streams: the engine's counts are its.
+    let cache = &cluster.peer(&home).await["cache"];
+    let engine_cached = second.cached
+        + third.cached
+        + if home == cluster.served(4).await {
+            fourth.cached
+        } else {
+            0
+        };
+    assert_eq!(
+        cache["reported_cached_tokens"].as_u64(),
+        Some(first.cached + engine_cached),
+        "{cache}"
+    );
     let times = |r: &Reply| format!("{:?} (the engine's prefill {:.0} ms)", r.ttft, r.prefill_ms);
     println!(
         "TTFT through prefixlb, {} prompt tokens: cold {}; warm (turn 2, {} cached) {}; \

@@ -111,6 +111,8 @@ fn tuning(a: &Advanced) -> Result<Tuning, ConfigError> {
         conversation_floor: floor("conversation_floor", a.conversation_floor)?,
         chars_per_token: floor("chars_per_token", a.chars_per_token)?,
         warm_for: millis(&field("warm_for_ms"), a.warm_for_ms)?,
+        learn_prefill_rate: a.learn_prefill_rate,
+        eviction_margin: non_negative(&field("eviction_margin"), a.eviction_margin)?,
     })
 }
 

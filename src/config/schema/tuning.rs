@@ -25,6 +25,8 @@ pub struct Advanced {
     pub conversation_floor: u32,
     pub chars_per_token: u32,
     pub warm_for_ms: u64,
+    pub learn_prefill_rate: bool,
+    pub eviction_margin: f64,
 }
 
 impl Default for Advanced {
@@ -45,6 +47,8 @@ impl Default for Advanced {
             conversation_floor: t.conversation_floor,
             chars_per_token: t.chars_per_token,
             warm_for_ms: ms(t.warm_for),
+            learn_prefill_rate: t.learn_prefill_rate,
+            eviction_margin: t.eviction_margin,
         }
     }
 }

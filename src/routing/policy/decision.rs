@@ -1,9 +1,9 @@
 //! What a request asks of the cluster, and what a choice gave.
 
 use crate::routing::blocks::Blocks;
-use crate::routing::peer::Slot;
 use crate::routing::pool::ModelId;
 use crate::routing::queue::{Attempt, Outcome};
+use crate::routing::slot::Slot;
 
 /// What a request asks of the cluster: its key's point on the ring, if it has a key, the size
 /// of its prompt, and the prompt's block chain (how much of it each peer holds).

@@ -118,7 +118,11 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
         // queues there is expected whole, so that the next requests for the prompt do not
         // wait behind it as if it were a turn.
         let expected = if cold { 0.0 } else { hit };
-        slot.expect_prefill(balance.cost.uncached(prompt_tokens, expected));
+        slot.expect_prefill(
+            prompt_tokens,
+            expected,
+            balance.cost.uncached(prompt_tokens, expected),
+        );
         let route = match place {
             0 => Route::Primary,
             _ if hit > 0.0 => Route::Replica,
@@ -129,7 +133,11 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     }
     let take = |p: &Arc<Peer>| {
         let mut slot = p.try_take(view.bound(balance, p))?;
-        slot.expect_prefill(balance.cost.uncached(prompt_tokens, 0.0));
+        slot.expect_prefill(
+            prompt_tokens,
+            0.0,
+            balance.cost.uncached(prompt_tokens, 0.0),
+        );
         record(p, true);
         Some(slot)
     };

@@ -10,10 +10,11 @@ use arc_swap::ArcSwap;
 use super::balance::{Balance, BoundInputs};
 use super::decision::{Decision, Route, Routed};
 use crate::routing::load::ClusterLoad;
-use crate::routing::peer::{Peer, Slot};
+use crate::routing::peer::Peer;
 use crate::routing::pool::ModelId;
 use crate::routing::record::PrefixRecord;
 use crate::routing::ring::Ring;
+use crate::routing::slot::Slot;
 
 /// The peers that count in the bound's mean, as the cluster last refreshed them.
 #[derive(Debug, Default)]

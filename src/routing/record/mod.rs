@@ -174,6 +174,25 @@ impl PrefixRecord {
         self.table.record(hashes, peer, now);
     }
 
+    /// Notes that `peer` held only `held` (0 to 1) of the prompt named by `blocks` when it was
+    /// last sent there, although the record said it held more: its engine evicts faster than
+    /// the record forgets. What lies beyond is forgotten there, so that the conversation's
+    /// next turn is priced cold on it, and may go where that is cheaper. The blocks up to the
+    /// key's end stay: they name the conversation as seen, so that its next turn is priced at
+    /// what the peer holds instead of assumed held, as a key never seen is on its primary. A
+    /// key alone has nothing to measure and is forgotten whole.
+    pub fn evicted(&self, blocks: &Blocks, peer: u32, held: f64) {
+        let kept = f64::from(blocks.bytes()) * held.clamp(0.0, 1.0);
+        let whole = blocks.key_only();
+        for i in 0..blocks.len() {
+            let beyond =
+                f64::from(blocks.end(i)) > kept && blocks.key_point().is_none_or(|k| i > k);
+            if whole || beyond {
+                self.table.forget_way(blocks.hash(i), peer);
+            }
+        }
+    }
+
     /// Forgets everything recorded so far: a peer back in service gets its keys back from
     /// where they moved while it was out, as consistent hashing promises.
     pub fn forget(&self) {
@@ -299,6 +318,36 @@ mod tests {
         assert_eq!(h.share(2), Tuning::DEFAULT.warm_hit);
         assert_eq!(h.share(1), Tuning::DEFAULT.earlier_hit);
         assert!(h.knows_key());
+    }
+
+    #[test]
+    fn an_eviction_forgets_the_prompt_there_beyond_its_key() {
+        let r = PrefixRecord::with_bytes(1 << 20);
+        // A system prompt and a first question (the key), an answer, then the next question.
+        let (system, question) = ((b's', 4_000), (b'q', 1_000));
+        let turn1 = prompt(&[system, question, (b'a', 8_000)]);
+        let turn2 = prompt(&[system, question, (b'a', 8_000), (b'b', 2_000)]);
+        r.record(&turn1, 1);
+        r.record(&turn1, 2);
+        assert!(r.holdings(&turn2).share(1) > 0.8);
+        // Peer 1 said it had only a little of turn 1 cached: it keeps the key, no more.
+        r.evicted(&turn1, 1, 0.1);
+        let h = r.holdings(&turn2);
+        assert!(h.knows_key(), "the conversation is still known");
+        let key_share = 5_000.0 / f64::from(turn2.bytes());
+        assert!((h.share(1) - key_share).abs() < 1e-9, "{}", h.share(1));
+        assert!(h.share(2) > 0.8, "another peer's holding is its own");
+        // Held further than the key: kept that far, to the whole blocks.
+        r.record(&turn1, 1);
+        r.evicted(&turn1, 1, 0.6);
+        let share = r.holdings(&turn2).share(1);
+        let expected = 7.0 * 1024.0 / f64::from(turn2.bytes());
+        assert!((share - expected).abs() < 1e-9, "{share}");
+        // A key alone is forgotten whole.
+        let key = Blocks::of_key(9 << 32);
+        r.record(&key, 3);
+        r.evicted(&key, 3, 0.0);
+        assert!(r.holdings(&key).is_empty());
     }
 
     #[test]

@@ -183,6 +183,20 @@ impl Table {
     }
 }
 
+impl Table {
+    /// Forgets that `peer` served the block named `hash`, if it is still here.
+    pub fn forget_way(&self, hash: u64, peer: u32) {
+        let Some(e) = self.find(hash) else { return };
+        for w in &e.ways {
+            let way = w.load(Ordering::Relaxed);
+            if unpack(way).0 == peer {
+                // Lost to a racing prompt that served the block again: then it is held.
+                let _ = w.compare_exchange(way, 0, Ordering::Relaxed, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 fn pack(serial: u32, seen: u32) -> u64 {
     (u64::from(serial) << 32) | u64::from(seen)
 }
