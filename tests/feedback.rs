@@ -149,7 +149,12 @@ async fn the_prefill_rate_is_learned_from_a_start_two_and_a_half_times_off() {
 #[tokio::test]
 async fn an_engine_that_evicted_a_conversation_gets_its_next_turn_priced_cold() {
     let (a, b) = (engine().await, engine().await);
-    let proxy = start_proxy(&TestConfig::new().peers_at([a.addr, b.addr])).await;
+    let proxy = start_proxy(
+        &TestConfig::new()
+            .peers_at([a.addr, b.addr])
+            .advanced("eviction_margin", "0.25"),
+    )
+    .await;
     const PREDICTED: &str = "prefixlb_peer_predicted_cached_tokens_total";
     const REPORTED: &str = "prefixlb_peer_reported_cached_tokens_total";
     const PROMPT: &str = "prefixlb_peer_usage_prompt_tokens_total";

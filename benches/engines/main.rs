@@ -1,12 +1,14 @@
 //! The routers on real engines: two `llama-server` engines (llama.cpp on the CPU, a tiny
-//! random-weight Llama, from the real-engine tests' harness) behind each router in turn, on
-//! one seeded multi-turn workload, the engines restarted for every router so that each starts
-//! with cold caches.
+//! random-weight Llama, from the real-engine tests' harness), then two vLLM engines (its CPU
+//! build, a tiny Llama of the same shape; see [`vllm`]), behind each router in turn, on one
+//! seeded multi-turn workload, each pass starting with cold caches (llama.cpp's engines
+//! restarted, vLLM's prefix caches emptied).
 //!
-//! `cargo bench --bench engines [-- SEED... ROUTER...]`: numbers are seeds (one pass per seed
-//! and router; medians with min-max when more than one), anything else keeps the routers whose
-//! name holds it. Prints a table and writes `target/bench-results/engines.json` (or
-//! `$BENCH_OUT`).
+//! `cargo bench --bench engines [-- SEED... ROUTER... llama|vllm]`: numbers are seeds (one
+//! pass per seed and router; medians with min-max when more than one), `llama` or `vllm` keeps
+//! those engines only, anything else keeps the routers whose name holds it. Prints a table per
+//! engine and writes `target/bench-results/engines.json` (or `$BENCH_OUT`). vLLM engines that
+//! cannot be installed or started are skipped with the reason, and the run exits non-zero.
 //!
 //! What is measured per router: TTFT p50/p99 and end-to-end p50 of the streamed turns as the
 //! client sees them, the pass's wall time, failed turns, and the engines' own word on reuse:
@@ -32,11 +34,13 @@ mod setup;
 #[allow(dead_code)]
 #[path = "../../tests/real_engines/stream.rs"]
 mod stream;
+mod vllm;
 mod workload;
 
 use std::time::Instant;
 
 use routers::Router;
+use run::Engines;
 
 /// The seed of a run that names none.
 const SEED: u64 = 20270101;
@@ -79,34 +83,63 @@ async fn main() {
     if seeds.is_empty() {
         seeds.push(SEED);
     }
-    let names: Vec<&String> = args.iter().filter(|a| a.parse::<u64>().is_err()).collect();
+    let only = |kind: &str| args.iter().any(|a| a == kind);
+    let (llama_only, vllm_only) = (only("llama"), only("vllm"));
+    let names: Vec<&String> = args
+        .iter()
+        .filter(|a| a.parse::<u64>().is_err() && *a != "llama" && *a != "vllm")
+        .collect();
     let routers: Vec<Router> = ROUTERS
         .into_iter()
         .filter(|r| names.is_empty() || names.iter().any(|n| r.name().contains(n.as_str())))
         .collect();
-    println!(
-        "vLLM CPU engines skipped: 4.2 GiB and about 90 s to start each, restarted for every \
-         router, would add three minutes of start-up to each pass on two cores"
-    );
-    let setup = llama::Setup::find();
     let started = Instant::now();
     let mut rows = Vec::new();
-    for router in routers {
+    let mut skipped = false;
+    if !vllm_only {
+        let setup = llama::Setup::find();
+        rows.extend(passes(&Engines::Llama(&setup), &routers, &seeds).await);
+    }
+    if !llama_only {
+        let logs = tempfile::tempdir().expect("a temporary directory");
+        match vllm::Engines::start(2, logs.path()).await {
+            Ok(engines) => {
+                println!("vLLM engines up in {:.0?}", engines.started_in);
+                rows.extend(passes(&Engines::Vllm(&engines), &routers, &seeds).await);
+            }
+            Err(e) => {
+                println!("vLLM engines skipped: {e}");
+                skipped = true;
+            }
+        }
+    }
+    let path = report::write_json(&rows, &seeds, started.elapsed());
+    println!("run time {:.0?}; {}", started.elapsed(), path.display());
+    if skipped {
+        std::process::exit(1);
+    }
+}
+
+/// Every router's passes in front of `engines`, and its table.
+async fn passes(engines: &Engines<'_>, routers: &[Router], seeds: &[u64]) -> Vec<report::Row> {
+    let mut rows = Vec::new();
+    for &router in routers {
+        let name = format!("{}, {}", router.name(), engines.name());
         let mut passes = Vec::new();
-        for &seed in &seeds {
-            match run::pass(&setup, router, seed).await {
+        for &seed in seeds {
+            match run::pass(engines, router, seed).await {
                 Ok(pass) => {
-                    println!("{}", report::line(&router.name(), seed, &pass));
+                    println!("{}", report::line(&name, seed, &pass));
                     passes.push(pass);
                 }
-                Err(e) => println!("{}: skipped ({e})", router.name()),
+                Err(e) => println!("{name}: skipped ({e})"),
             }
         }
         if !passes.is_empty() {
-            rows.push(report::Row::new(router.name(), passes));
+            rows.push(report::Row::new(name, passes));
         }
     }
+    println!("\n{} engines:", engines.name());
     report::print_table(&rows);
-    let path = report::write_json(&rows, &seeds, started.elapsed());
-    println!("run time {:.0?}; {}", started.elapsed(), path.display());
+    rows
 }

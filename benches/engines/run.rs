@@ -1,4 +1,5 @@
-//! One router's pass: fresh engines, the router in front, every session played against it.
+//! One router's pass: engines with cold caches, the router in front, every session played
+//! against it.
 
 use std::time::{Duration, Instant};
 
@@ -8,6 +9,7 @@ use crate::llama::{Setup, MODEL};
 use crate::routers::Router;
 use crate::setup::SESSION_HEADER;
 use crate::stream;
+use crate::vllm;
 use crate::workload::{Session, Workload, MAX_TOKENS};
 
 /// One turn as the client saw it; `None` when it failed.
@@ -21,16 +23,43 @@ pub struct Turn {
 pub struct Pass {
     pub turns: Vec<Option<Turn>>,
     pub wall: Duration,
-    /// `llamacpp:prompt_tokens_cached_total` of each engine at the end.
+    /// Prompt tokens each engine's own counter says it found cached during the pass
+    /// (`llamacpp:prompt_tokens_cached_total`, `vllm:prompt_tokens_cached_total`).
     pub engine_cached: Vec<f64>,
 }
 
-pub async fn pass(setup: &Setup, router: Router, seed: u64) -> Result<Pass, String> {
+/// The engines the routers are in front of.
+pub enum Engines<'a> {
+    /// llama.cpp's, started fresh for every pass (in a fraction of a second).
+    Llama(&'a Setup),
+    /// vLLM's, started once; their prefix caches are emptied before every pass.
+    Vllm(&'a vllm::Engines),
+}
+
+impl Engines<'_> {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Engines::Llama(_) => "llama.cpp",
+            Engines::Vllm(_) => "vLLM",
+        }
+    }
+}
+
+pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pass, String> {
     let workload = Workload::new(seed);
     let logs = tempfile::tempdir().map_err(|e| e.to_string())?;
-    // Fresh engines: nothing cached from the previous router.
-    let engines = setup.engines(2, logs.path()).await;
-    let addrs: Vec<_> = engines.iter().map(|e| e.addr).collect();
+    // Nothing cached from the previous router.
+    let (llama, addrs, before) = match engines {
+        Engines::Llama(setup) => {
+            let started = setup.engines(2, logs.path()).await;
+            let addrs = started.iter().map(|e| e.addr).collect();
+            (started, addrs, vec![0.0; 2])
+        }
+        Engines::Vllm(v) => {
+            v.reset().await?;
+            (Vec::new(), v.addrs(), v.cached_totals().await)
+        }
+    };
     let (entry, running) = router.start(&addrs).await?;
     let url = format!("http://{}/v1/chat/completions", entry[0]);
     let header = router.sends_header();
@@ -51,14 +80,21 @@ pub async fn pass(setup: &Setup, router: Router, seed: u64) -> Result<Pass, Stri
     }
     let wall = start.elapsed();
     drop(running);
-    let mut engine_cached = Vec::new();
-    for e in &engines {
-        engine_cached.push(metric(
-            &e.metrics().await,
-            "llamacpp:prompt_tokens_cached_total",
-        ));
-    }
-    drop(engines);
+    let after = match engines {
+        Engines::Llama(_) => {
+            let mut totals = Vec::new();
+            for e in &llama {
+                totals.push(metric(
+                    &e.metrics().await,
+                    "llamacpp:prompt_tokens_cached_total",
+                ));
+            }
+            totals
+        }
+        Engines::Vllm(v) => v.cached_totals().await,
+    };
+    let engine_cached = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    drop(llama);
     Ok(Pass {
         turns,
         wall,
@@ -88,6 +124,9 @@ async fn play(
             "messages": messages,
             "max_tokens": MAX_TOKENS,
             "stream": true,
+            // As OpenAI's clients ask to count tokens: vLLM says what it had cached only
+            // then (llama.cpp says it in its timings anyway).
+            "stream_options": {"include_usage": true},
         });
         let mut request = reqwest::Client::new()
             .post(url)
@@ -125,8 +164,8 @@ async fn play(
     turns
 }
 
-/// A counter's value on a Prometheus page (0 when absent).
-fn metric(page: &str, name: &str) -> f64 {
+/// A counter's value on a Prometheus page, summed over its labels (0 when absent).
+pub fn metric(page: &str, name: &str) -> f64 {
     page.lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -241,13 +241,17 @@ mod tests {
     }
 
     #[test]
-    fn a_learned_rate_replaces_the_configured_one() {
+    fn a_learned_rate_replaces_the_configured_one_when_asked() {
         let slow = Pricing {
             rate: Some(2_500.0),
             ..IDLE
         };
-        let cost = model().estimate(&slow, 5_000);
-        assert!(close(cost, 2.0 * (1.0 + ARRIVALS)), "{cost}");
+        let configured = model().estimate(&slow, 5_000);
+        assert!(close(configured, 0.5 * (1.0 + ARRIVALS)), "{configured}");
+        let mut learning = model();
+        learning.tuning.learn_prefill_rate = true;
+        let learned = learning.estimate(&slow, 5_000);
+        assert!(close(learned, 2.0 * (1.0 + ARRIVALS)), "{learned}");
     }
 
     #[test]

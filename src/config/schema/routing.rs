@@ -32,8 +32,8 @@ impl Default for Routing {
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LeastCost {
-    /// What a prompt is priced at until each peer has shown its own rate: the tokens a GPU
-    /// prefills per second.
+    /// What a prompt is priced at: the tokens a GPU prefills per second (with
+    /// `advanced.learn_prefill_rate`, until each peer has shown its own).
     pub prefill_tokens_per_second: f64,
     /// How many peers of a key's walk are priced, its own first.
     pub candidates: u32,
