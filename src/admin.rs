@@ -76,7 +76,7 @@ impl Admin {
                         "prompt_tokens": cache.prompt_tokens,
                         "predicted_cached_tokens": cache.predicted_cached,
                         "reported_cached_tokens": cache.reported_cached,
-                        "evictions": cache.evicted,
+                        "misses": cache.misses,
                     },
                     "estimated_wait_ms": self.router.estimated_wait(p).as_millis() as u64,
                     "engine": p.engine().map(|(e, age)| json!({

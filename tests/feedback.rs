@@ -181,8 +181,8 @@ async fn an_engine_that_evicted_a_conversation_gets_its_next_turn_priced_cold() 
             messages.push(text('q', 500, turn));
         }
     }
-    let evictions = total(&proxy, "prefixlb_peer_cache_evictions_total").await;
-    assert_eq!(evictions, 1.0, "the first conversation's second turn");
+    let misses = total(&proxy, "prefixlb_peer_cache_misses_total").await;
+    assert_eq!(misses, 1.0, "the first conversation's second turn");
     // The third turn of the evicted conversation is priced as holding its key alone there
     // (a quarter of the prompt); the other's as holding its history (three fifths).
     let (evicted, kept) = (predicted_third[0], predicted_third[1]);

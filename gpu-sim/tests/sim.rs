@@ -201,6 +201,25 @@ async fn the_http_face_speaks_openai_and_vllm_metrics() {
     let text = r.text().await.unwrap();
     assert_eq!(text.matches("chat.completion.chunk").count(), 6, "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"));
+    assert!(!text.contains("usage"), "usage not asked for: {text}");
+    // Asked for, the usage comes as one last event before [DONE], as vLLM sends it; the
+    // system prompt is cached by now.
+    let mut asked = body.clone();
+    asked["stream_options"] = serde_json::json!({"include_usage": true});
+    let r = c.post(url("/v1/chat/completions")).json(&asked).send();
+    let text = r.await.unwrap().text().await.unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"));
+    let usage: serde_json::Value =
+        serde_json::from_str(events[events.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(usage["choices"], serde_json::json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+    assert!(
+        usage["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 192
+    );
     let plain = json_of(
         c.post(url("/v1/chat/completions"))
             .json(&serde_json::json!({"messages": body["messages"], "max_tokens": 3})),

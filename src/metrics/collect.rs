@@ -99,8 +99,8 @@ const PEER_CACHE_COUNTERS: [(&str, &str); 4] = [
         "Cached prompt tokens the engine reported, over the same answers",
     ),
     (
-        "prefixlb_peer_cache_evictions_total",
-        "Answers whose engine had far less of the prompt cached than the record said (the record forgot it there)",
+        "prefixlb_peer_cache_misses_total",
+        "Answers whose engine had more than a quarter of the prompt less cached than the prompt record predicted",
     ),
 ];
 
@@ -154,7 +154,7 @@ impl Collector for PeerGauges {
                 c.prompt_tokens,
                 c.predicted_cached,
                 c.reported_cached,
-                c.evicted,
+                c.misses,
             ];
             for (vec, value) in cache.iter().zip(counts) {
                 vec.with_label_values(&[p.id()]).inc_by(value);
@@ -305,4 +305,19 @@ pub fn register(router: Arc<Router>, tenants: Option<Arc<Tenants>>) -> prometheu
     }))?;
     counters::register_counters();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::routing::Route;
+
+    #[test]
+    fn a_removed_peer_forgets_the_series_of_every_route() {
+        for route in Route::ALL {
+            assert!(
+                super::counters::ROUTES.contains(&route.as_str()),
+                "{route:?}"
+            );
+        }
+    }
 }

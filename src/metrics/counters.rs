@@ -145,7 +145,10 @@ pub(crate) fn register_tenant_counters() {
     LazyLock::force(&TENANT_REQUESTS);
 }
 
-const ROUTES: [&str; 5] = ["primary", "overflow", "replica", "retry", "balanced"];
+/// Every label a route takes: the routes a choice gives (`Route::as_str`), and a retry's.
+pub(crate) const ROUTES: [&str; 6] = [
+    "primary", "overflow", "replica", "balanced", "affinity", "retry",
+];
 const STATUS_CLASSES: [&str; 6] = ["2xx", "3xx", "4xx", "5xx", "other", "error"];
 
 /// Drops the series of a peer that left the cluster, so that pods coming and going under DNS

@@ -45,8 +45,8 @@ struct CacheCounts {
     prompt: AtomicU64,
     predicted: AtomicU64,
     reported: AtomicU64,
-    /// Answers whose report showed that the engine had dropped what the record said it held.
-    evicted: AtomicU64,
+    /// Answers whose report showed far less cached than the record predicted.
+    misses: AtomicU64,
 }
 
 /// The engine's cached tokens against the record's prediction, summed over the answers that
@@ -56,7 +56,7 @@ pub struct CacheReport {
     pub prompt_tokens: u64,
     pub predicted_cached: u64,
     pub reported_cached: u64,
-    pub evicted: u64,
+    pub misses: u64,
 }
 
 impl Engine {
@@ -119,7 +119,7 @@ impl Engine {
     }
 
     /// Counts one answer's usage against the share of its prompt the record predicted cached.
-    pub fn record_usage(&self, usage: Usage, predicted_share: f64, evicted: bool) {
+    pub fn record_usage(&self, usage: Usage, predicted_share: f64, missed: bool) {
         let c = &self.cache;
         let prompt = u64::from(usage.prompt_tokens);
         let predicted = (prompt as f64 * predicted_share.clamp(0.0, 1.0)).round() as u64;
@@ -127,7 +127,7 @@ impl Engine {
         c.predicted.fetch_add(predicted, Ordering::Relaxed);
         c.reported
             .fetch_add(u64::from(usage.cached_tokens), Ordering::Relaxed);
-        c.evicted.fetch_add(u64::from(evicted), Ordering::Relaxed);
+        c.misses.fetch_add(u64::from(missed), Ordering::Relaxed);
     }
 
     pub fn cache_report(&self) -> CacheReport {
@@ -136,7 +136,7 @@ impl Engine {
             prompt_tokens: c.prompt.load(Ordering::Relaxed),
             predicted_cached: c.predicted.load(Ordering::Relaxed),
             reported_cached: c.reported.load(Ordering::Relaxed),
-            evicted: c.evicted.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
         }
     }
 

@@ -8,6 +8,11 @@ use std::time::Instant;
 
 use super::peer::Peer;
 use super::prefill::MIN_SAMPLE;
+
+/// How much less of a prompt than the record predicted an engine must report cached for the
+/// answer to count as a miss of the record's: engines cache whole blocks of 16 to 256 tokens,
+/// so a few points are rounding, a quarter of the prompt is not.
+pub const MISSED: f64 = 0.25;
 use super::usage::Usage;
 
 impl Peer {
@@ -107,18 +112,18 @@ impl Slot {
     }
 
     /// What the engine said of the prompt in its answer: counted against the record's
-    /// prediction for the peer. Returns the share of the prompt the engine held when that is
-    /// less than the record predicted by more than `margin` (the tuning's `eviction_margin`):
-    /// it has evicted what the record says it holds.
+    /// prediction for the peer (a miss when it held [`MISSED`] of the prompt less). Returns
+    /// the share of the prompt the engine held when that is less than the record predicted by
+    /// more than `margin` (the tuning's `eviction_margin`): the record should forget it there.
     pub fn report(&mut self, usage: Usage, margin: f64) -> Option<f64> {
         let priced = self.priced?;
         self.usage = Some(usage);
         let held = usage.cached_share();
-        let evicted = f64::from(priced.hit) - held > margin;
+        let short = f64::from(priced.hit) - held;
         self.peer
             .engine
-            .record_usage(usage, f64::from(priced.hit), evicted);
-        evicted.then_some(held)
+            .record_usage(usage, f64::from(priced.hit), short > MISSED);
+        (short > margin).then_some(held)
     }
 
     fn release_prefill(&mut self) {
@@ -222,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn a_report_far_below_the_prediction_is_an_eviction() {
+    fn a_report_far_below_the_prediction_is_a_miss() {
         let p = peer(4);
         let mut warm = p.take();
         warm.expect_prefill(1_000, 0.9, 100);
@@ -246,7 +251,12 @@ mod tests {
             (r.prompt_tokens, r.predicted_cached, r.reported_cached),
             (3_000, 1_800, 950)
         );
-        assert_eq!(r.evicted, 1);
+        assert_eq!(r.misses, 1);
+        // A miss is counted whatever the margin; the record is told only past the margin.
+        let mut warm = p.take();
+        warm.expect_prefill(1_000, 0.9, 100);
+        assert_eq!(warm.report(usage(100), 1.0), None);
+        assert_eq!(p.engine.cache_report().misses, 2);
     }
 
     #[test]

@@ -45,6 +45,14 @@ pub enum Route {
 }
 
 impl Route {
+    pub const ALL: [Route; 5] = [
+        Route::Primary,
+        Route::Overflow,
+        Route::Replica,
+        Route::Balanced,
+        Route::Affinity,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Route::Primary => "primary",
