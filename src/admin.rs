@@ -1,5 +1,8 @@
 //! The admin API, on its own listener (loopback by default): the peers and their load, and
-//! draining a peer before its GPU is restarted.
+//! draining a peer before its GPU is restarted; and a status page of them at `/`.
+
+mod origin;
+mod status;
 
 use std::sync::Arc;
 
@@ -56,6 +59,10 @@ impl Admin {
                     "healthy": p.healthy(),
                     "draining": p.draining(),
                     "ejected": p.ejected(),
+                    // Carried requests and sent nothing for the wedge limit: takes no new one
+                    // until it sends again.
+                    "wedged": p.wedged(),
+                    "wedges": p.wedges(),
                     "in_flight": p.in_flight(),
                     "max_in_flight": (p.max_in_flight() != crate::routing::UNLIMITED).then(|| p.max_in_flight()),
                     "bound": cluster.bound(&self.router.balance, p),
@@ -116,51 +123,38 @@ fn error(status: StatusCode, message: &str) -> Response<Vec<u8>> {
     reply(status, json!({ "error": { "message": message } }))
 }
 
-/// Whether a web page could have made a browser send this request: it carries an `Origin`, or
-/// a body type that a form or a plain `fetch` sends without asking the server first. A page
-/// the operator has open must not drain the cluster.
-fn from_a_page(session: &ServerSession) -> bool {
-    let headers = &session.req_header().headers;
-    let simple_body = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .is_some_and(|mime| {
-            matches!(
-                mime.as_str(),
-                "application/x-www-form-urlencoded" | "multipart/form-data" | "text/plain"
-            )
-        });
-    headers.contains_key(http::header::ORIGIN) || simple_body
-}
-
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         // Scrapers rarely carry tokens: /metrics tells load, not secrets, and changes nothing.
-        let is_metrics = session.req_header().uri.path() == "/metrics";
-        if !is_metrics && !self.authorized(session) {
+        // The status page's HTML holds no figures: its own requests for them carry the token.
+        let open = match session.req_header().uri.path() {
+            "/metrics" => true,
+            "/" => session.req_header().method == Method::GET,
+            _ => false,
+        };
+        if !open && !self.authorized(session) {
             return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         }
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_owned();
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        // Every POST that gets here carried the token, when one is set.
+        let refused = origin::refusal(&session.req_header().headers, self.token.is_some());
         match (method, segments.as_slice()) {
             (Method::GET, ["metrics"]) => {
                 pingora_prometheus::PrometheusHttpApp
                     .response(session)
                     .await
             }
+            (Method::GET, [""]) => status::page(),
             (Method::GET, ["admin", "peers"]) => reply(StatusCode::OK, self.peers_json()),
-            (Method::POST, ["admin", "peers", ..]) if from_a_page(session) => error(
+            (Method::POST, ["admin", "peers", ..]) if refused.is_some() => error(
                 StatusCode::FORBIDDEN,
-                "state-changing admin calls are refused from web pages (Origin or form body)",
+                &format!(
+                    "refused as a call a web page could have made: {}",
+                    refused.unwrap_or_default()
+                ),
             ),
             (Method::POST, ["admin", "peers", addr, action @ ("drain" | "undrain")]) => {
                 match self.drain(addr, *action == "drain") {

@@ -15,3 +15,4 @@ pub mod server;
 pub mod settings;
 pub mod tenants;
 pub mod tls;
+pub mod traces;

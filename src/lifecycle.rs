@@ -15,24 +15,20 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::proxy::shared_load::SharedLoad;
+use crate::routing::clock::now_ms;
 
 /// How long the process stays after its last request ended (or its listeners closed): a
 /// keep-alive client that got its last response just before has this long to send the next
 /// request on the same connection, which is then answered, with `Connection: close`.
 pub const QUIET: Duration = Duration::from_millis(500);
-
-fn now_ms() -> u64 {
-    static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-    EPOCH.elapsed().as_millis() as u64
-}
 
 /// The requests the process is serving, and whether it still accepts new connections.
 #[derive(Debug, Default)]

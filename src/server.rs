@@ -16,6 +16,8 @@ use crate::admin::Admin;
 use crate::control::discovery::source::{AtStart, PeerSource};
 use crate::control::engine::EngineFeedback;
 use crate::control::models::ModelLists;
+use crate::control::progress::ProgressWatch;
+use crate::control::replicas::keys::KeyFile;
 use crate::control::replicas::ReplicaExchange;
 use crate::control::watch::{CertFiles, FileWatch, KeysFile, SettledFile, Watched};
 use crate::control::ControlPlane;
@@ -25,6 +27,7 @@ use crate::proxy::PrefixLb;
 use crate::router::Router;
 use crate::tenants::{ClientAuth, Tenants};
 use crate::tls::CertStore;
+use crate::traces::{Exporter, Traces};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -162,6 +165,11 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         });
     }
     let tenants = watching.keys.as_ref().map(|k| Arc::clone(&k.tenants));
+    let traces = settings.tracing.clone().map(Traces::new);
+    if let Some(traces) = &traces {
+        lb = lb.with_traces(Arc::clone(traces));
+        server.add_service(background_service("traces", Exporter(Arc::clone(traces))));
+    }
     let mut proxy = crate::proxy::service::proxy_service(
         &server.configuration,
         lb,
@@ -193,6 +201,10 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     if let Some(keys) = watching.keys {
         watched.push(Box::new(keys));
     }
+    let replica_keys = watching.replica_keys.as_ref().map(KeyFile::keys);
+    if let Some(file) = watching.replica_keys {
+        watched.push(Box::new(file));
+    }
     server.add_service(proxy).add_dependency(&bootstrap);
     if !watched.is_empty() {
         server.add_service(background_service("watched files", FileWatch::new(watched)));
@@ -207,6 +219,13 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     )
     .map_err(|e| format!("health check setup: {e}"))?;
     server.add_service(background_service("control plane", control));
+    let wedge_after = settings.proxy.upstream.wedge_after;
+    if !wedge_after.is_zero() {
+        server.add_service(background_service(
+            "engine progress",
+            ProgressWatch::new(Arc::clone(&router), wedge_after),
+        ));
+    }
     if let Some(engine) = &settings.engine_metrics {
         server.add_service(background_service(
             "engine metrics",
@@ -220,7 +239,7 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     if let Some(replicas) = &settings.replicas {
         server.add_service(background_service(
             "replicas",
-            ReplicaExchange::new(Arc::clone(&router), replicas.clone()),
+            ReplicaExchange::new(Arc::clone(&router), replicas.clone(), replica_keys),
         ));
     }
     if let Some(discovery) = &settings.model_discovery {
@@ -255,6 +274,10 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         }),
     });
     crate::access_log::drain(std::time::Duration::from_secs(1));
+    // Every request has ended: their spans are queued, and go out now.
+    if let Some(traces) = &traces {
+        traces.shutdown(std::time::Duration::from_secs(2));
+    }
     std::process::exit(0)
 }
 
@@ -262,6 +285,7 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
 struct Watching {
     keys: Option<KeysFile>,
     certs: std::collections::HashMap<std::net::SocketAddr, CertFiles>,
+    replica_keys: Option<KeyFile>,
 }
 
 impl Watching {
@@ -304,7 +328,15 @@ impl Watching {
                 },
             );
         }
-        Ok(Self { keys, certs })
+        let replica_keys = match settings.replicas.as_ref().and_then(|r| r.key_file.as_ref()) {
+            Some(path) => Some(KeyFile::load(path)?),
+            None => None,
+        };
+        Ok(Self {
+            keys,
+            certs,
+            replica_keys,
+        })
     }
 }
 

@@ -292,7 +292,7 @@ fn unit_commands(key: &str, dir: &Path, binary: &Path, main_pid: u32) -> Vec<Vec
     unit.lines()
         .filter_map(|l| l.strip_prefix(&prefix))
         .map(|line| {
-            line.replace("/usr/local/bin/prefixlb", binary.to_str().unwrap())
+            line.replace("/usr/bin/prefixlb", binary.to_str().unwrap())
                 .replace("/etc/prefixlb/", &format!("{}/", dir.display()))
                 .replace("$MAINPID", &main_pid.to_string())
                 .split_whitespace()

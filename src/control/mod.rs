@@ -11,6 +11,7 @@ pub mod discovery;
 pub mod engine;
 pub mod models;
 pub mod probe;
+pub mod progress;
 pub mod registry;
 pub mod replicas;
 pub mod watch;

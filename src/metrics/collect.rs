@@ -45,7 +45,7 @@ const RECORD_UNSENT: (&str, &str) = (
     "Prompts not told to the other replicas: the queue to them was full",
 );
 
-const PEER_GAUGES: [(&str, &str); 9] = [
+const PEER_GAUGES: [(&str, &str); 10] = [
     ("prefixlb_peer_in_flight", "Requests in flight on each peer"),
     (
         "prefixlb_peer_bound",
@@ -59,6 +59,10 @@ const PEER_GAUGES: [(&str, &str); 9] = [
     (
         "prefixlb_peer_ejected",
         "1 while the peer is ejected for failing",
+    ),
+    (
+        "prefixlb_peer_wedged",
+        "1 while the peer takes no new request: it carried requests and sent nothing for upstream.wedge_after_ms",
     ),
     (
         "prefixlb_peer_external",
@@ -84,8 +88,9 @@ const PEER_RATE: (&str, &str) = (
 );
 
 /// The engine's cached tokens against the record's prediction, over the answers that
-/// reported them: how well routing places prompts, in the engine's own count.
-const PEER_CACHE_COUNTERS: [(&str, &str); 4] = [
+/// reported them (how well routing places prompts, in the engine's own count), and the times
+/// the peer was found wedged.
+const PEER_COUNTERS: [(&str, &str); 5] = [
     (
         "prefixlb_peer_usage_prompt_tokens_total",
         "Prompt tokens of the answers whose usage said how many were cached",
@@ -101,6 +106,10 @@ const PEER_CACHE_COUNTERS: [(&str, &str); 4] = [
     (
         "prefixlb_peer_cache_misses_total",
         "Answers whose engine had more than a quarter of the prompt less cached than the prompt record predicted",
+    ),
+    (
+        "prefixlb_peer_wedges_total",
+        "Times the peer was found wedged (requests on it and no byte from it for upstream.wedge_after_ms)",
     ),
 ];
 
@@ -124,7 +133,7 @@ impl Collector for PeerGauges {
         let cluster = self.router.cluster();
         let vecs: Vec<IntGaugeVec> = gauge_vecs(&PEER_GAUGES, "peer");
         let rate: GaugeVec = gauge_vecs(&[PEER_RATE], "peer").remove(0);
-        let cache: Vec<IntCounterVec> = PEER_CACHE_COUNTERS
+        let counters: Vec<IntCounterVec> = PEER_COUNTERS
             .iter()
             .map(|(name, help)| {
                 IntCounterVec::new(Opts::new(*name, *help), &["peer"]).expect("valid metric")
@@ -137,6 +146,7 @@ impl Collector for PeerGauges {
                 i64::from(p.healthy()),
                 i64::from(p.draining()),
                 i64::from(p.ejected()),
+                i64::from(p.wedged()),
                 i64::from(p.external()),
                 p.engine().map_or(-1, |(e, _)| i64::from(e.waiting)),
                 p.prefill_queue() as i64,
@@ -155,8 +165,9 @@ impl Collector for PeerGauges {
                 c.predicted_cached,
                 c.reported_cached,
                 c.misses,
+                p.wedges(),
             ];
-            for (vec, value) in cache.iter().zip(counts) {
+            for (vec, value) in counters.iter().zip(counts) {
                 vec.with_label_values(&[p.id()]).inc_by(value);
             }
         }
@@ -194,7 +205,7 @@ impl Collector for PeerGauges {
             .chain(&pool_vecs)
             .flat_map(|v| v.collect())
             .chain(rate.collect())
-            .chain(cache.iter().flat_map(|v| v.collect()))
+            .chain(counters.iter().flat_map(|v| v.collect()))
             .chain(depth.collect())
             .chain(record.flatten())
             .chain(evictions.collect())
@@ -285,7 +296,7 @@ pub fn register(router: Arc<Router>, tenants: Option<Arc<Tenants>>) -> prometheu
     }
     let mut peer_descs = descs(&PEER_GAUGES, "peer")?;
     peer_descs.extend(descs(&[PEER_RATE], "peer")?);
-    peer_descs.extend(descs(&PEER_CACHE_COUNTERS, "peer")?);
+    peer_descs.extend(descs(&PEER_COUNTERS, "peer")?);
     peer_descs.extend(descs(&POOL_GAUGES, "model")?);
     for (name, help) in
         RECORD_GAUGES

@@ -35,6 +35,11 @@ metric!(PEER_EJECTIONS: IntCounterVec = register_int_counter_vec!(
     "Times each peer was ejected for failing",
     &["peer"]
 ));
+metric!(STREAM_ERRORS: IntCounterVec = register_int_counter_vec!(
+    "prefixlb_stream_errors_total",
+    "Streamed answers that ended early with an error event: the engine sent nothing for upstream.stream_idle_timeout_ms (stalled), or broke the stream off (broken)",
+    &["reason"]
+));
 metric!(REJECTIONS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_rejections_total",
     "Requests answered without a peer: 503 for want of a slot (queue_full, queue_timeout, no_peer, retry_saturated), waiters that left (client_gone), peeks beyond the memory budget (peek_memory), paths not forwarded (path_not_allowed)",
@@ -78,7 +83,7 @@ metric!(ENGINE_SCRAPE_FAILURES: IntCounter = register_int_counter!(
 ));
 metric!(REPLICA_MESSAGES: IntCounterVec = register_int_counter_vec!(
     "prefixlb_replica_messages_total",
-    "The replicas' exchange of where prompts went: datagrams sent (each to every other replica), prompts heard, datagrams refused (from an address not listed)",
+    "The replicas' exchange of where prompts went: datagrams sent (each to every other replica), prompts heard; datagrams refused (from an address not listed), forged (a signature that does not match), replayed (heard before, or older than the window) or unsigned (not signed with a key this process holds)",
     &["event"]
 ));
 metric!(RELOADS: IntCounterVec = register_int_counter_vec!(
@@ -92,7 +97,7 @@ metric!(REGISTRY_FAILURES: IntCounter = register_int_counter!(
 ));
 metric!(FILE_RELOADS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_file_reloads_total",
-    "Changes read from the API keys file and the listeners' certificates, by kind (api_keys, certificate) and result (changed, or error when the last good contents stay)",
+    "Changes read from the API keys file, the listeners' certificates and the replicas' key file, by kind (api_keys, certificate, replica_keys) and result (changed, or error when the last good contents stay)",
     &["kind", "result"]
 ));
 metric!(AUTH_FAILURES: IntCounterVec = register_int_counter_vec!(
@@ -122,6 +127,7 @@ pub(crate) fn register_counters() {
         &PEER_CONNECT_FAILURES,
         &PEER_EJECTIONS,
         &REJECTIONS,
+        &STREAM_ERRORS,
         &KEY_SOURCES,
         &RELOADS,
         &FILE_RELOADS,

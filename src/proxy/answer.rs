@@ -59,6 +59,6 @@ pub fn reject(ctx: &mut RequestCtx, why: Rejection) -> Box<Error> {
 pub fn fail(ctx: &mut RequestCtx, api: ApiError) -> Box<Error> {
     let status = api.status;
     let why = api.message.clone();
-    ctx.error = Some(api);
+    ctx.error = Some(Box::new(api));
     Error::explain(ErrorType::HTTPStatus(status), why)
 }

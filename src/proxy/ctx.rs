@@ -1,7 +1,7 @@
 //! What the proxy keeps of one request between Pingora's hooks.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -9,12 +9,14 @@ use super::error::ApiError;
 use crate::lifecycle::Request;
 use crate::routing::{Demand, IdReader, KeySource, Peer, Route, Routed, Slot, UsageReader};
 use crate::tenants::{Tenant, TenantSlot};
+use crate::traces::RequestSpan;
 
 pub struct RequestCtx {
     pub(crate) arrived: Instant,
     /// When the current peer was chosen; the first-byte time counts from here.
     pub(crate) chosen: Option<Instant>,
-    pub(crate) first_byte: Option<Duration>,
+    /// Milliseconds from the choice to the first byte of the answer.
+    pub(crate) ttft_ms: Option<u32>,
     /// The status the upstream answered with, if it answered.
     pub(crate) upstream_status: Option<u16>,
     /// Where the key came from, once read; its point is the demand's.
@@ -48,8 +50,17 @@ pub struct RequestCtx {
     pub(crate) response_id: Option<Box<IdReader>>,
     /// Reads what the engine says it had cached of the prompt, from its answer.
     pub(crate) usage: Option<Box<UsageReader>>,
-    /// The error to answer with, when a hook failed on purpose.
-    pub(crate) error: Option<ApiError>,
+    /// The descriptor of this attempt's connection to the engine, for the stream's watchdog.
+    pub(crate) upstream_fd: Option<std::os::fd::RawFd>,
+    /// The answer is a server-sent event stream.
+    pub(crate) event_stream: bool,
+    /// Ends the stream when the engine falls silent half-way (from its first body byte on).
+    pub(crate) stall: Option<super::stall::StallGuard>,
+    /// The error to answer with, when a hook failed on purpose. Boxed: a failing request can
+    /// afford the allocation, and every context kept 72 bytes for it.
+    pub(crate) error: Option<Box<ApiError>>,
+    /// The request's span, when traces are on: boxed, a word here when they are off.
+    pub(crate) trace: Option<Box<RequestSpan>>,
     /// Keeps a draining process alive until the request ends.
     _serving: Request,
 }
@@ -59,7 +70,7 @@ impl RequestCtx {
         Self {
             arrived: Instant::now(),
             chosen: None,
-            first_byte: None,
+            ttft_ms: None,
             upstream_status: None,
             key_source: None,
             demand: Box::default(),
@@ -76,7 +87,11 @@ impl RequestCtx {
             tenant: None,
             response_id: None,
             usage: None,
+            upstream_fd: None,
+            event_stream: false,
+            stall: None,
             error: None,
+            trace: None,
             _serving: serving,
         }
     }

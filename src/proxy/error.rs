@@ -181,6 +181,42 @@ impl ApiError {
         }
     }
 
+    /// A streamed answer whose engine sent nothing for `limit` once it had begun.
+    pub fn stream_stalled(limit: std::time::Duration) -> Self {
+        Self {
+            status: 504,
+            kind: "server_error",
+            code: "upstream_stalled",
+            message: format!(
+                "the inference server sent nothing for {} s in the middle of the answer; it was ended here",
+                limit.as_secs_f64()
+            ),
+            retry_after_secs: None,
+        }
+    }
+
+    /// A streamed answer the engine broke off (closed, reset, or sent what is not HTTP).
+    pub fn stream_broken(e: &Error) -> Self {
+        Self {
+            status: 502,
+            kind: "server_error",
+            code: "upstream_error",
+            message: format!(
+                "the inference server's answer broke off before its end ({})",
+                e.etype().as_str()
+            ),
+            retry_after_secs: None,
+        }
+    }
+
+    /// The error as the last event of a server-sent event stream.
+    pub fn stream_event(&self) -> Bytes {
+        let mut event = b"data: ".to_vec();
+        event.extend_from_slice(&self.body());
+        event.extend_from_slice(b"\n\n");
+        Bytes::from(event)
+    }
+
     pub fn body(&self) -> Bytes {
         let v = serde_json::json!({
             "error": { "message": self.message, "type": self.kind, "code": self.code }

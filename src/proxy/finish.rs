@@ -16,7 +16,7 @@ use crate::routing::KeySource;
 impl PrefixLb {
     /// Releases the request's slot, counts it and writes its access log line.
     pub(crate) fn finish(&self, session: &Session, e: Option<&Error>, ctx: &mut RequestCtx) {
-        self.settle_usage(ctx);
+        let usage = self.settle_usage(ctx);
         // The response has ended or the client has gone: either way the slot is free now.
         let slot = ctx.slot.take();
         let served_by = slot
@@ -35,6 +35,7 @@ impl PrefixLb {
                 .inc();
         }
         let peer = served_by.map(|p| p.id().to_owned());
+        self.end_trace(session, e, ctx, peer.as_deref(), usage);
         if !self.access_log.enabled() {
             return;
         }
@@ -53,7 +54,7 @@ impl PrefixLb {
                 .key_source
                 .and(ctx.demand.hash)
                 .map(|h| self.access_log.key_label(h)),
-            ttft_ms: ctx.first_byte.map(|d| d.as_millis() as u64),
+            ttft_ms: ctx.ttft_ms.map(u64::from),
             duration_ms: duration.as_millis() as u64,
             bytes_in: session.body_bytes_read(),
             bytes_out: session.body_bytes_sent(),

@@ -13,6 +13,7 @@ use crate::router::Router;
 use crate::routing::{Peer, ResponseHomes};
 use crate::settings::ProxySettings;
 use crate::tenants::ClientAuth;
+use crate::traces::Traces;
 
 /// The proxy Pingora runs: one for the process, read by every request.
 pub struct PrefixLb {
@@ -24,6 +25,8 @@ pub struct PrefixLb {
     pub(crate) activity: Arc<Activity>,
     pub(crate) shared: Arc<SharedLoad>,
     pub(crate) auth: Option<ClientAuth>,
+    /// `None` when traces are off: then no request makes a span.
+    pub(crate) traces: Option<Arc<Traces>>,
     /// Which peer made each stored Responses API response forwarded lately.
     pub(crate) responses: ResponseHomes,
 }
@@ -44,6 +47,7 @@ impl PrefixLb {
             activity,
             shared,
             auth: None,
+            traces: None,
             responses: ResponseHomes::default(),
         }
     }
@@ -52,6 +56,14 @@ impl PrefixLb {
     pub fn with_auth(self, auth: ClientAuth) -> Self {
         Self {
             auth: Some(auth),
+            ..self
+        }
+    }
+
+    /// Makes a span of each request, sent to a collector.
+    pub fn with_traces(self, traces: Arc<Traces>) -> Self {
+        Self {
+            traces: Some(traces),
             ..self
         }
     }

@@ -22,10 +22,13 @@ mod gate;
 mod lb;
 mod models;
 pub mod peek;
+mod progress;
 mod responses;
 mod route;
 pub mod service;
 pub mod shared_load;
+mod stall;
+mod trace;
 mod upstream;
 mod usage;
 
@@ -61,6 +64,7 @@ impl ProxyHttp for PrefixLb {
         // turn, instead of being dropped with the connection.
         session.set_pipelining_enabled(true);
         ctx.request_id = self.forwarding.request_id(&session.req_header().headers);
+        self.begin_trace(session, ctx);
         let steps = async {
             self.admit(session, ctx)?;
             // With pools, the model list is prefixlb's to answer, and the model picks the pool.
@@ -156,6 +160,7 @@ impl ProxyHttp for PrefixLb {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         ctx.upstream_status = Some(upstream_response.status.as_u16());
+        self.header_came(ctx, upstream_response);
         self.watch_response(session, ctx, upstream_response.status.as_u16());
         self.watch_usage(ctx, upstream_response.status.as_u16());
         // Once the engine answers, no other attempt follows: the bytes kept for one, and their
@@ -202,22 +207,36 @@ impl ProxyHttp for PrefixLb {
         &self,
         _session: &mut Session,
         body: &mut Option<Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
+        self.chunk_came(ctx, body.as_ref(), end_of_stream);
         self.learn_response(ctx, body.as_ref());
         self.read_usage(ctx, body.as_ref());
-        if ctx.first_byte.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
+        if ctx.ttft_ms.is_none() && body.as_ref().is_some_and(|b| !b.is_empty()) {
             if let Some(chosen) = ctx.chosen {
                 let ttfb = chosen.elapsed();
                 metrics::FIRST_BYTE.observe(ttfb.as_secs_f64());
-                ctx.first_byte = Some(ttfb);
+                ctx.ttft_ms = Some(u32::try_from(ttfb.as_millis()).unwrap_or(u32::MAX));
                 if let Some(slot) = ctx.slot.as_mut() {
                     slot.prefilled();
                 }
             }
         }
         Ok(None)
+    }
+
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        fd: std::os::unix::io::RawFd,
+        _digest: Option<&pingora::protocols::Digest>,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        self.connected(ctx, fd);
+        Ok(())
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
@@ -231,7 +250,7 @@ impl ProxyHttp for PrefixLb {
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
         let api = match ctx.error.take() {
-            Some(api) => api,
+            Some(api) => *api,
             None => match status_for(e) {
                 0 => {
                     return FailToProxy {
@@ -250,6 +269,8 @@ impl ProxyHttp for PrefixLb {
             if let Err(write) = self.answer(session, ctx, &api).await {
                 log::debug!("could not send the error response: {write}");
             }
+        } else {
+            self.end_stream(session, ctx, e).await;
         }
         FailToProxy {
             error_code: api.status,

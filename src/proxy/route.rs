@@ -126,6 +126,9 @@ impl PrefixLb {
                 if !waited.is_zero() {
                     metrics::QUEUE_WAIT.observe(waited.as_secs_f64());
                 }
+                if let Some(trace) = ctx.trace.as_mut() {
+                    trace.waited(waited);
+                }
                 ctx.take_slot(routed);
                 Ok(())
             }

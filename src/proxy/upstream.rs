@@ -44,6 +44,7 @@ impl PrefixLb {
             client_ip(session),
             ctx.request_id.as_deref(),
         )?;
+        super::trace::propagate(ctx, upstream_request)?;
         // A length sent as `42, 42` (or twice) goes upstream once: servers may refuse the list.
         let lengths = upstream_request
             .headers

@@ -50,8 +50,8 @@
 //! assert_eq!(cluster.in_flight(), 0);
 //! ```
 
-//! The modules, bottom up (each uses only those above it): `tuning` (the cost model's figures),
-//! `queue` (the waiting line), `outlier`, `spec` (a peer as configured), `usage` (what an
+//! The modules, bottom up (each uses only those above it): `clock`, `tuning` (the cost model's figures),
+//! `queue` (the waiting line), `outlier`, `progress` (whether a peer's engine still sends), `spec` (a peer as configured), `usage` (what an
 //! answer says the engine had cached), `prefill` (the rate learned from first bytes), `engine`
 //! (what a peer's engine reports and shows), `load` (the counts behind every ceiling), `cost`,
 //! `pool` (peers by model), `peer` (the live peer), `slot` (one request on it), `hash`, `blocks` (a prompt's chain of block
@@ -61,6 +61,7 @@
 //! `prompt` (the walk over a JSON body), `key`.
 
 pub mod blocks;
+pub mod clock;
 pub mod cluster;
 pub mod cost;
 pub mod engine;
@@ -72,6 +73,7 @@ pub mod peer;
 pub mod policy;
 pub mod pool;
 pub mod prefill;
+pub mod progress;
 mod prompt;
 pub mod queue;
 pub mod record;

@@ -2,8 +2,9 @@
 //! for twice as long each time it fails again as soon as it is back.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::clock::now_ms;
 
 /// When to eject a peer that keeps failing, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,12 +55,6 @@ pub struct Outlier {
     /// cleared by a reader of an ejection that ran out just as another thread began a new one,
     /// where resetting the end itself to 0 succeeds only while it is still the old end.
     ejected_until_ms: AtomicU64,
-}
-
-/// Milliseconds on a clock shared by every peer, so an ejection's end fits in an atomic.
-fn now_ms() -> u64 {
-    static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-    EPOCH.elapsed().as_millis() as u64
 }
 
 impl Outlier {

@@ -17,6 +17,7 @@ use super::load::{ClusterLoad, Others};
 use super::outlier::{Outlier, OutlierPolicy};
 use super::pool::{serves, Listed, ModelId, ModelNames};
 use super::prefill::RATES_APART;
+use super::progress::{Change, Progress};
 use super::spec::{PeerSpec, Weight};
 
 /// Serials start at 1: 0 marks an empty way of the prompt record.
@@ -44,6 +45,7 @@ pub struct Peer {
     draining: AtomicBool,
     removed: AtomicBool,
     outlier: Outlier,
+    progress: Progress,
     pub(super) cluster: Arc<ClusterLoad>,
 }
 
@@ -65,6 +67,7 @@ impl Peer {
             draining: AtomicBool::new(false),
             removed: AtomicBool::new(false),
             outlier: Outlier::default(),
+            progress: Progress::default(),
             cluster,
         }
     }
@@ -121,6 +124,23 @@ impl Peer {
     }
     pub fn ejected(&self) -> bool {
         self.outlier.ejected()
+    }
+    /// Whether its engine has carried requests and sent nothing for the wedge limit: it takes
+    /// no new request, as if at its bound, until it sends again.
+    pub fn wedged(&self) -> bool {
+        self.progress.wedged()
+    }
+    /// Times it was found wedged.
+    pub fn wedges(&self) -> u64 {
+        self.progress.wedges()
+    }
+    /// A byte of an answer came from it.
+    pub fn advanced(&self) {
+        self.progress.advanced();
+    }
+    /// The sweep of [`Progress::check`], with this process's requests on it as the work owed.
+    pub fn check_progress(&self, limit: Duration) -> Option<Change> {
+        self.progress.check(self.in_flight() > 0, limit)
     }
     /// Running slots the engine has shown it has; 0 while unknown.
     pub fn capacity(&self) -> u32 {

@@ -17,9 +17,12 @@ use super::usage::Usage;
 
 impl Peer {
     /// Takes a slot if the peer carries fewer than `bound` requests, its external load
-    /// included. The check and the increment are one compare-and-swap, so concurrent takers can
+    /// included, and is not wedged. The check and the increment are one compare-and-swap, so concurrent takers can
     /// never push the count past `bound`.
     pub fn try_take(self: &Arc<Self>, bound: u32) -> Option<Slot> {
+        if self.wedged() {
+            return None;
+        }
         let room = bound.saturating_sub(self.external());
         self.in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {

@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 pub struct AdminSettings {
     /// Loopback by default: the admin API can drain peers.
     pub listen: SocketAddr,
-    /// When set, every admin request but `/metrics` must carry `Authorization: Bearer <token>`.
+    /// When set, every admin request but `/metrics` and the status page's HTML (`GET /`) must
+    /// carry `Authorization: Bearer <token>`.
     pub token: Option<String>,
 }
 

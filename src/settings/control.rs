@@ -2,6 +2,7 @@
 //! the engines' metrics, their model lists, and the replicas told where prompts went.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The other prefixlb processes in front of the same peers, told where prompts went.
@@ -11,6 +12,8 @@ pub struct Replicas {
     pub listen: SocketAddr,
     /// Where the others hear (UDP).
     pub others: Vec<SocketAddr>,
+    /// The keys datagrams are signed with; none: unsigned, which only loopback allows.
+    pub key_file: Option<PathBuf>,
 }
 
 /// Asking each peer that lists no models which it serves (`GET /v1/models`).

@@ -1,5 +1,5 @@
-//! Where the peers come from after start: prefixlb's own file, a peers file, DNS or a Redis
-//! registry.
+//! Where the peers come from after start: prefixlb's own file, a peers file, DNS, a Redis
+//! registry or Kubernetes.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,6 +22,8 @@ pub enum Discovery {
     Dns(Dns),
     /// A registry of engine nodes kept alive by heartbeats (see `prefixlb-agent`).
     Redis(Registry),
+    /// The EndpointSlices of Kubernetes Services, listed then watched.
+    Kubernetes(Kubernetes),
 }
 
 /// Peers as the keys `prefix<addr>` of a Redis database, each holding
@@ -85,4 +87,61 @@ pub enum DnsQuery {
 impl Dns {
     pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
     pub const DEFAULT_FAILURES_BEFORE_REMOVAL: u32 = 3;
+}
+
+/// Peers from the ready endpoints of EndpointSlices, each with the weight and ceiling its
+/// slice's or Service's annotations give, else these.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kubernetes {
+    pub api: KubeApi,
+    /// `None`: the credentials' own (in a pod, the pod's namespace).
+    pub namespace: Option<String>,
+    pub select: KubeSelect,
+    /// `None`: each slice's only port.
+    pub port: Option<KubePort>,
+    /// How often the control plane takes the watched set.
+    pub interval: Duration,
+    pub weight: Weight,
+    /// [`crate::routing::UNLIMITED`] for no ceiling.
+    pub max_in_flight: u32,
+}
+
+/// How the API server is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeApi {
+    /// The pod's service account: its token and CA under /var/run/secrets/kubernetes.io.
+    InCluster,
+    /// A kubeconfig file, at its current context or this one.
+    Kubeconfig {
+        path: PathBuf,
+        context: Option<String>,
+    },
+    /// An explicit server, e.g. from outside the cluster.
+    Server {
+        url: String,
+        token_file: Option<PathBuf>,
+        ca_file: Option<PathBuf>,
+    },
+}
+
+/// Which EndpointSlices (and Services, for their annotations).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeSelect {
+    /// One Service by name.
+    Service(String),
+    /// The Services a label selector matches: their slices carry their labels.
+    Labels(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubePort {
+    /// The slice port of this name.
+    Name(String),
+    /// This port on every address, whatever the slices say.
+    Number(u16),
+}
+
+impl Kubernetes {
+    /// Taking the watched set is a look at memory: often enough that a change is seen at once.
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(250);
 }

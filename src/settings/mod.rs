@@ -4,7 +4,8 @@
 //!
 //! One file per part they configure: `listen` (listeners, TLS files, API keys), `router`,
 //! `proxy` (body limits, upstream, forwarding, access log), `admin`, `discovery` (where peers come
-//! from) and `control` (health checks, engine metrics, model lists, replicas).
+//! from), `control` (health checks, engine metrics, model lists, replicas) and `traces` (spans
+//! sent to a collector).
 
 mod admin;
 mod control;
@@ -12,15 +13,19 @@ mod discovery;
 mod listen;
 mod proxy;
 mod router;
+mod traces;
 
 pub use admin::AdminSettings;
 pub use control::{EngineMetrics, HealthCheck, ModelDiscovery, Replicas};
-pub use discovery::{Discovery, Dns, DnsQuery, Registry};
+pub use discovery::{
+    Discovery, Dns, DnsQuery, KubeApi, KubePort, KubeSelect, Kubernetes, Registry,
+};
 pub use listen::{Auth, Listener, TlsFiles};
 pub use proxy::{
     AccessLogFormat, ForwardingSettings, PeekLimits, ProxySettings, Upstream, UpstreamTls,
 };
 pub use router::RouterSettings;
+pub use traces::TraceSettings;
 
 use crate::routing::PeerSpec;
 
@@ -51,6 +56,8 @@ pub struct Settings {
     pub model_discovery: Option<ModelDiscovery>,
     /// `None`: this process tells no other prefixlb where prompts went.
     pub replicas: Option<Replicas>,
+    /// `None`: no spans are made, and `traceparent` passes to the engines as the client sent it.
+    pub tracing: Option<TraceSettings>,
 }
 
 impl Settings {

@@ -138,6 +138,12 @@ pub struct Upstream {
     pub idle_timeout: Duration,
     /// Further peers tried after a failed connect, before any byte reached the client.
     pub connect_retries: usize,
+    /// How long a peer may carry requests and send nothing on any of them before it takes no
+    /// new one (zero: never). Its requests go on; only new work goes elsewhere.
+    pub wedge_after: Duration,
+    /// Longest silence within a streamed answer once its first byte came (zero: only
+    /// `read_timeout`); the stream then ends with an error event and its slot is freed.
+    pub stream_idle_timeout: Duration,
     /// How the peers reached over TLS are checked.
     pub tls: UpstreamTls,
 }
@@ -177,6 +183,8 @@ impl Default for Upstream {
             write_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(4),
             connect_retries: 2,
+            wedge_after: Duration::from_secs(30),
+            stream_idle_timeout: Duration::from_secs(120),
             tls: UpstreamTls::default(),
         }
     }

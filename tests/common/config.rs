@@ -302,6 +302,17 @@ impl TestConfig {
             .set(&["replicas", "others"], Value::Sequence(others))
     }
 
+    /// `replicas.key_file`: the keys the replicas sign their datagrams with.
+    pub fn replica_key_file(self, path: &Path) -> Self {
+        self.set(&["replicas", "key_file"], text(path.display()))
+    }
+
+    /// `tracing`: spans sent to the OTLP/HTTP traces URL `endpoint`, as `service_name`.
+    pub fn tracing(self, endpoint: &str, service_name: &str) -> Self {
+        self.set(&["tracing", "otlp_endpoint"], endpoint)
+            .set(&["tracing", "service_name"], service_name)
+    }
+
     // Requests: the queue, limits, upstream connections, forwarding, the access log, keys.
 
     pub fn max_waiting(self, n: u32) -> Self {
@@ -330,6 +341,14 @@ impl TestConfig {
 
     pub fn read_timeout_ms(self, ms: u64) -> Self {
         self.set(&["upstream", "read_timeout_ms"], ms)
+    }
+
+    pub fn wedge_after_ms(self, ms: u64) -> Self {
+        self.set(&["upstream", "wedge_after_ms"], ms)
+    }
+
+    pub fn stream_idle_timeout_ms(self, ms: u64) -> Self {
+        self.set(&["upstream", "stream_idle_timeout_ms"], ms)
     }
 
     /// The CA that engines spoken to over TLS are checked against.
@@ -404,6 +423,22 @@ impl TestConfig {
     pub fn redis(self, url: &str, interval_ms: u64) -> Self {
         self.set(&["discovery", "redis", "url"], url)
             .set(&["discovery", "redis", "interval_ms"], interval_ms)
+    }
+
+    /// Peers from the EndpointSlices of `service` in `namespace`, asked of the API server at
+    /// `url` with the bearer token in `token_file`, taken every 50 ms.
+    pub fn kubernetes(self, url: &str, token_file: &Path, namespace: &str, service: &str) -> Self {
+        let key = |k| ["discovery", "kubernetes", k];
+        self.set(&key("api_server"), url)
+            .set(&key("token_file"), text(token_file.display()))
+            .set(&key("namespace"), namespace)
+            .set(&key("service"), service)
+            .set(&key("interval_ms"), 50)
+    }
+
+    /// The slice port of this name (or number, written as one).
+    pub fn kubernetes_port(self, port: &str) -> Self {
+        self.set(&["discovery", "kubernetes", "port"], port)
     }
 
     /// Peers are asked what models they serve, every `interval_ms`.

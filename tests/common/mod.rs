@@ -21,6 +21,7 @@ use rustls::pki_types::CertificateDer;
 use sha2::{Digest, Sha256};
 
 mod config;
+pub mod dns;
 
 pub use config::*;
 
@@ -359,8 +360,12 @@ async fn mock(State(s): State<MockState>, req: Request) -> Response {
             .body(Body::from_stream(stream))
             .unwrap();
     }
-    let body =
+    let mut body =
         serde_json::json!({"upstream": s.name, "len": bytes.len(), "sha256": sha256_hex(&bytes)});
+    // The usage an engine reports, with as many prompt tokens found cached as the header says.
+    if let Some(cached) = header_num(&h, "x-mock-cached-tokens") {
+        body["usage"] = serde_json::json!({"prompt_tokens": 100, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": cached}});
+    }
     reply(&s.name, StatusCode::OK, body.to_string())
 }
 

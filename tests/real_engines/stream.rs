@@ -20,7 +20,8 @@ pub struct Reply {
     pub prefill_ms: f64,
     /// Whether `data: [DONE]` came.
     pub done: bool,
-    /// How the body failed, if it did.
+    /// How the body failed, if it did: the transport's error, or the error event that ended
+    /// the stream.
     pub error: Option<String>,
 }
 
@@ -33,6 +34,9 @@ impl Reply {
         let Ok(event) = serde_json::from_str::<Value>(data) else {
             return;
         };
+        if let Some(error) = event.get("error") {
+            self.error = Some(error.to_string());
+        }
         for choice in event["choices"].as_array().into_iter().flatten() {
             let delta = choice["delta"]["content"].as_str();
             self.text += delta.or(choice["text"].as_str()).unwrap_or_default();

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::peers::{self, NamedPeer};
 use super::proxy::proxy;
 use super::router::router;
+use super::traces::traces;
 use super::values::{at_least_one, millis, path, socket_addr};
 use crate::config::error::ConfigError;
 use crate::config::schema::engines::{EngineMetricsFile, HealthCheck, ModelsFile};
@@ -46,6 +47,7 @@ pub fn check(f: File) -> Result<Checked, ConfigError> {
         engine_metrics: engine_metrics(f.engine_metrics)?,
         model_discovery: model_discovery(&f.models)?,
         replicas: f.replicas.map(replicas).transpose()?,
+        tracing: f.tracing.map(traces).transpose()?,
         peers: Vec::new(),
     };
     Ok(Checked {
@@ -116,7 +118,7 @@ fn replicas(r: schema::ReplicasFile) -> Result<Replicas, ConfigError> {
             "lists no other process (omit replicas for none)",
         ));
     }
-    Ok(Replicas {
+    let replicas = Replicas {
         listen: socket_addr("replicas.listen", &r.listen)?,
         others: r
             .others
@@ -124,7 +126,20 @@ fn replicas(r: schema::ReplicasFile) -> Result<Replicas, ConfigError> {
             .enumerate()
             .map(|(i, o)| socket_addr(&format!("replicas.others[{i}]"), o))
             .collect::<Result<_, _>>()?,
-    })
+        key_file: r.key_file,
+    };
+    // Off loopback, anyone who reaches the port, or sends from a replica's address, could
+    // steer keys to the peers of their choice.
+    let exposed = std::iter::once(&replicas.listen)
+        .chain(&replicas.others)
+        .find(|a| !a.ip().to_canonical().is_loopback());
+    if let (Some(addr), None) = (exposed, &replicas.key_file) {
+        return Err(ConfigError::new(
+            "replicas.key_file",
+            format!("required: {addr} is not loopback, and unsigned datagrams from another host could steer keys (see docs/operations.md for making a key)"),
+        ));
+    }
+    Ok(replicas)
 }
 
 fn health_check(h: HealthCheck) -> Result<Option<crate::settings::HealthCheck>, ConfigError> {

@@ -6,6 +6,7 @@ mod peers;
 mod proxy;
 mod resolve;
 mod router;
+mod traces;
 mod values;
 
 use super::error::ConfigError;

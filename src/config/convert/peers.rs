@@ -3,9 +3,11 @@
 
 use super::values::{at_least_one, ceiling, millis, weight};
 use crate::config::error::ConfigError;
-use crate::config::schema::peers::{self as schema, DnsRecord};
+use crate::config::schema::peers::{self as schema, DnsRecord, PortFile};
 use crate::routing::Weight;
-use crate::settings::{Discovery, Dns, DnsQuery, Registry};
+use crate::settings::{
+    Discovery, Dns, DnsQuery, KubeApi, KubePort, KubeSelect, Kubernetes, Registry,
+};
 
 /// A peer whose values are checked and whose address is still as written.
 #[derive(Debug)]
@@ -50,20 +52,28 @@ pub fn peers(peers: &[schema::Peer]) -> Result<Vec<NamedPeer>, ConfigError> {
 }
 
 pub fn discovery(d: schema::DiscoveryFile, has_peers: bool) -> Result<Discovery, ConfigError> {
-    let sources = [d.peers_file.is_some(), d.dns.is_some(), d.redis.is_some()];
+    let sources = [
+        d.peers_file.is_some(),
+        d.dns.is_some(),
+        d.redis.is_some(),
+        d.kubernetes.is_some(),
+    ];
     if sources.iter().any(|&s| s) && has_peers {
         return Err(ConfigError::new(
             "peers",
-            "must be empty when discovery.peers_file, dns or redis gives the peers",
+            "must be empty when discovery.peers_file, dns, redis or kubernetes gives the peers",
         ));
     }
     if sources.iter().filter(|&&s| s).count() > 1 {
         return Err(ConfigError::new(
             "discovery",
-            "peers_file, dns and redis are separate sources: choose one",
+            "peers_file, dns, redis and kubernetes are separate sources: choose one",
         ));
     }
     let interval = millis("discovery.reload_interval_ms", d.reload_interval_ms)?;
+    if let Some(k) = d.kubernetes {
+        return kubernetes(k).map(Discovery::Kubernetes);
+    }
     if let Some(redis) = d.redis {
         return Ok(Discovery::Redis(Registry {
             url: redis.url,
@@ -111,5 +121,93 @@ fn dns(dns: schema::DnsFile) -> Result<Dns, ConfigError> {
         },
         nameserver: dns.nameserver,
         name: dns.name,
+    })
+}
+
+fn kubernetes(k: schema::KubernetesFile) -> Result<Kubernetes, ConfigError> {
+    let field = |name: &str| format!("discovery.kubernetes.{name}");
+    let only_with = |set: bool, name: &str, with: &str| match set {
+        true => Err(ConfigError::new(field(name), format!("is for {with}"))),
+        false => Ok(()),
+    };
+    let non_empty = |name: &str, text: &Option<String>| match text {
+        Some(t) if t.trim().is_empty() => Err(ConfigError::new(field(name), "is empty")),
+        _ => Ok(()),
+    };
+    non_empty("namespace", &k.namespace)?;
+    non_empty("service", &k.service)?;
+    non_empty("selector", &k.selector)?;
+    let select = match (k.service, k.selector) {
+        (Some(name), None) => KubeSelect::Service(name),
+        (None, Some(labels)) => KubeSelect::Labels(labels),
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                field("selector"),
+                "or service: one of them, not both",
+            ))
+        }
+        (None, None) => {
+            return Err(ConfigError::new(
+                field("service"),
+                "(a Service's name) or selector (a label selector) is needed",
+            ))
+        }
+    };
+    let port = match k.port {
+        None => None,
+        Some(PortFile::Number(0)) => {
+            return Err(ConfigError::new(field("port"), "must be at least 1"))
+        }
+        Some(PortFile::Number(n)) => Some(KubePort::Number(n)),
+        // A quoted number is a number: a port name always has a letter.
+        Some(PortFile::Name(name)) => Some(match name.parse::<u16>() {
+            Ok(n) if n > 0 => KubePort::Number(n),
+            _ if name.trim().is_empty() => return Err(ConfigError::new(field("port"), "is empty")),
+            _ => KubePort::Name(name),
+        }),
+    };
+    let (no_file, no_api) = (k.kubeconfig.is_none(), k.api_server.is_none());
+    only_with(k.context.is_some() && no_file, "context", "kubeconfig")?;
+    only_with(k.token_file.is_some() && no_api, "token_file", "api_server")?;
+    only_with(k.ca_file.is_some() && no_api, "ca_file", "api_server")?;
+    let api = match (k.kubeconfig, k.api_server) {
+        (None, None) => KubeApi::InCluster,
+        (Some(path), None) => KubeApi::Kubeconfig {
+            path,
+            context: k.context,
+        },
+        (None, Some(url)) => {
+            let scheme = url.parse::<http::Uri>().ok().and_then(|u| {
+                let s = u.scheme_str()?.to_owned();
+                u.host()?;
+                Some(s)
+            });
+            if !matches!(scheme.as_deref(), Some("https" | "http")) {
+                return Err(ConfigError::new(
+                    field("api_server"),
+                    format!("`{url}` is not an https:// (or http://) URL"),
+                ));
+            }
+            KubeApi::Server {
+                url,
+                token_file: k.token_file,
+                ca_file: k.ca_file,
+            }
+        }
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                field("api_server"),
+                "or kubeconfig: one of them, not both",
+            ))
+        }
+    };
+    Ok(Kubernetes {
+        api,
+        namespace: k.namespace,
+        select,
+        port,
+        interval: millis(&field("interval_ms"), k.interval_ms)?,
+        weight: weight(&field("weight"), k.weight)?,
+        max_in_flight: ceiling(&field("max_in_flight"), k.max_in_flight)?,
     })
 }

@@ -53,6 +53,8 @@ pub fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
             write_timeout: millis("upstream.write_timeout_ms", u.write_timeout_ms)?,
             idle_timeout: millis("upstream.idle_timeout_ms", u.idle_timeout_ms)?,
             connect_retries: u.connect_retries,
+            wedge_after: Duration::from_millis(u.wedge_after_ms),
+            stream_idle_timeout: Duration::from_millis(u.stream_idle_timeout_ms),
             tls: UpstreamTls {
                 ca: None,
                 verify: u.tls.verify,

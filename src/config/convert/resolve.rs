@@ -21,6 +21,9 @@ pub fn resolve(checked: Checked) -> Result<Settings, ConfigError> {
     if let Some(auth) = &mut settings.auth {
         auth.keys_file = existing_file("auth.keys_file", &auth.keys_file)?;
     }
+    if let Some(key_file) = settings.replicas.as_mut().and_then(|r| r.key_file.as_mut()) {
+        *key_file = existing_file("replicas.key_file", key_file)?;
+    }
     if let Some(path) = &checked.ca_file {
         let pem = std::fs::read(path).map_err(|e| {
             ConfigError::new("upstream.tls.ca_file", format!("{}: {e}", path.display()))

@@ -8,6 +8,7 @@ pub mod engines;
 pub mod peers;
 pub mod proxy;
 pub mod routing;
+pub mod traces;
 pub mod tuning;
 
 use std::path::PathBuf;
@@ -18,6 +19,7 @@ use self::engines::{EngineMetricsFile, HealthCheck, ModelsFile};
 use self::peers::{DiscoveryFile, Peer};
 use self::proxy::{AccessLog, Forwarding, Proxy, Queue, Upstream};
 use self::routing::{Endpoints, Outlier, Routing};
+use self::traces::TracingFile;
 use self::tuning::Advanced;
 use crate::settings::{AdminSettings, Settings};
 
@@ -43,6 +45,7 @@ pub struct File {
     pub engine_metrics: EngineMetricsFile,
     pub models: ModelsFile,
     pub replicas: Option<ReplicasFile>,
+    pub tracing: Option<TracingFile>,
     pub advanced: Advanced,
 }
 
@@ -67,6 +70,7 @@ impl Default for File {
             engine_metrics: EngineMetricsFile::default(),
             models: ModelsFile::default(),
             replicas: None,
+            tracing: None,
             advanced: Advanced::default(),
         }
     }
@@ -131,4 +135,7 @@ pub struct ReplicasFile {
     pub listen: String,
     /// `ip:port` of each of the others.
     pub others: Vec<String>,
+    /// The keys the datagrams are signed with: one or two lines of hex.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }

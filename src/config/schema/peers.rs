@@ -45,6 +45,7 @@ pub struct DiscoveryFile {
     pub reload_interval_ms: u64,
     pub dns: Option<DnsFile>,
     pub redis: Option<RedisFile>,
+    pub kubernetes: Option<KubernetesFile>,
     /// Whether a reload may leave no peer at all.
     pub allow_empty: bool,
 }
@@ -56,6 +57,7 @@ impl Default for DiscoveryFile {
             reload_interval_ms: ms(Discovery::DEFAULT_INTERVAL),
             dns: None,
             redis: None,
+            kubernetes: None,
             allow_empty: false,
         }
     }
@@ -120,4 +122,47 @@ pub struct DnsFile {
     pub sni: Option<String>,
     #[serde(default = "dns_failures_before_removal")]
     pub failures_before_removal: u32,
+}
+
+fn kubernetes_interval_ms() -> u64 {
+    ms(settings::Kubernetes::DEFAULT_INTERVAL)
+}
+
+/// A port by name or by number.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum PortFile {
+    Number(u16),
+    Name(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesFile {
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// One Service by name, or the Services of a label selector.
+    #[serde(default)]
+    pub service: Option<String>,
+    #[serde(default)]
+    pub selector: Option<String>,
+    #[serde(default)]
+    pub port: Option<PortFile>,
+    #[serde(default = "kubernetes_interval_ms")]
+    pub interval_ms: u64,
+    #[serde(default = "weight_one")]
+    pub weight: u32,
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    /// Neither this nor `api_server`: the pod's service account.
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub api_server: Option<String>,
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }

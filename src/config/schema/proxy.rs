@@ -81,6 +81,8 @@ pub struct Upstream {
     pub write_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub connect_retries: usize,
+    pub wedge_after_ms: u64,
+    pub stream_idle_timeout_ms: u64,
     pub tls: UpstreamTlsFile,
 }
 
@@ -93,6 +95,8 @@ impl Default for Upstream {
             write_timeout_ms: ms(u.write_timeout),
             idle_timeout_ms: ms(u.idle_timeout),
             connect_retries: u.connect_retries,
+            wedge_after_ms: ms(u.wedge_after),
+            stream_idle_timeout_ms: ms(u.stream_idle_timeout),
             tls: UpstreamTlsFile::default(),
         }
     }

@@ -3,6 +3,7 @@
 
 pub mod dns;
 pub mod file;
+pub mod kubernetes;
 pub mod redis;
 pub mod source;
 
@@ -12,6 +13,7 @@ use crate::error::Error;
 use crate::settings::Discovery;
 use dns::DnsSource;
 use file::FileSource;
+use kubernetes::KubernetesSource;
 use redis::RegistrySource;
 use source::PeerSource;
 
@@ -27,5 +29,6 @@ pub fn build(discovery: &Discovery, config_path: &Path) -> Result<Box<dyn PeerSo
         }
         Discovery::Dns(dns) => Box::new(DnsSource::new(dns)?),
         Discovery::Redis(registry) => Box::new(RegistrySource::new(registry)?),
+        Discovery::Kubernetes(kubernetes) => Box::new(KubernetesSource::new(kubernetes)?),
     })
 }

@@ -7,18 +7,24 @@
 //!
 //! The request path only hands a recorded prompt to a bounded queue; a thread of this service
 //! packs the queue into datagrams and sends them. Nothing waits for the others and nothing is
-//! acknowledged: what is lost costs a prefill, as a forgotten block does. Datagrams from an
-//! address that is not a listed replica's are dropped, so a stray sender cannot steer keys.
+//! acknowledged: what is lost costs a prefill, as a forgotten block does.
 //!
-//! A datagram is [`MAGIC`] then entries, each: the peer's address as text (a length byte,
-//! then the bytes; every process names peers by the address its configuration gives), a count
-//! byte, then that many block names, little-endian `u64`, shallowest first.
+//! What a datagram tells steers keys, so a datagram is heard only from a listed replica's
+//! address and, with `replicas.key_file`, only when signed with a key of the file ([`keys`])
+//! and not heard before ([`replay`]): an address can be spoofed and a datagram copied, the
+//! key cannot be guessed. Without a key (replicas on loopback alone, as the configuration
+//! requires) datagrams go unsigned ([`wire`]).
+
+pub mod keys;
+pub mod replay;
+pub mod wire;
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -27,75 +33,55 @@ use crate::metrics;
 use crate::router::Router;
 use crate::routing::record::Served;
 use crate::settings::Replicas;
-
-/// The first bytes of every datagram: its format, version 1.
-pub const MAGIC: &[u8; 4] = b"PLR1";
-
-/// Bytes of a datagram at most, entries included whole: one Ethernet frame's payload, so that
-/// nothing is fragmented between hosts.
-pub const MAX_DATAGRAM: usize = 1400;
+use keys::KeyRing;
+use replay::Senders;
+pub use wire::{encode_entry, MAGIC, MAX_DATAGRAM};
 
 /// Prompts waiting to be sent; more are dropped (and counted).
 const OUTBOX: usize = 4096;
-
-/// Appends one entry to `out`, unless it would pass [`MAX_DATAGRAM`]; false then.
-pub fn encode_entry(out: &mut Vec<u8>, peer: &str, hashes: &[u64]) -> bool {
-    let (Ok(id_len), Ok(n)) = (u8::try_from(peer.len()), u8::try_from(hashes.len())) else {
-        return false;
-    };
-    let size = 2 + peer.len() + 8 * hashes.len();
-    if out.len() + size > MAX_DATAGRAM {
-        return false;
-    }
-    out.push(id_len);
-    out.extend_from_slice(peer.as_bytes());
-    out.push(n);
-    for h in hashes {
-        out.extend_from_slice(&h.to_le_bytes());
-    }
-    true
-}
-
-/// The entries of a datagram, in order, up to the first that is cut short or not text; none
-/// without [`MAGIC`].
-pub fn decode(datagram: &[u8]) -> impl Iterator<Item = (&str, Vec<u64>)> {
-    let mut rest = datagram.strip_prefix(MAGIC.as_slice()).unwrap_or_default();
-    std::iter::from_fn(move || {
-        let (&id_len, tail) = rest.split_first()?;
-        let (id, tail) = tail.split_at_checked(usize::from(id_len))?;
-        let id = std::str::from_utf8(id).ok()?;
-        let (&n, tail) = tail.split_first()?;
-        let (names, tail) = tail.split_at_checked(8 * usize::from(n))?;
-        rest = tail;
-        let hashes = names
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
-            .collect();
-        Some((id, hashes))
-    })
-}
 
 /// The replicas' exchange, as a background service.
 pub struct ReplicaExchange {
     router: Arc<Router>,
     settings: Replicas,
+    /// The keys of `replicas.key_file`, kept in step with it; none: unsigned.
+    keys: Option<Arc<ArcSwap<KeyRing>>>,
+    /// This process's sender id in the datagrams it signs.
+    sender: u64,
 }
 
 impl ReplicaExchange {
-    pub fn new(router: Arc<Router>, settings: Replicas) -> Self {
-        Self { router, settings }
+    pub fn new(
+        router: Arc<Router>,
+        settings: Replicas,
+        keys: Option<Arc<ArcSwap<KeyRing>>>,
+    ) -> Self {
+        Self {
+            router,
+            settings,
+            keys,
+            sender: sender_id(),
+        }
     }
 
-    /// Records what a datagram from `from` tells, when `from` is a replica's address.
-    fn heard(&self, datagram: &[u8], from: SocketAddr) {
+    /// Records what a datagram from `from` tells, when `from` is a replica's address and the
+    /// datagram is to be heard.
+    fn heard(&self, datagram: &[u8], from: SocketAddr, senders: &mut Senders) {
         if !self.is_replica(from.ip()) {
             metrics::REPLICA_MESSAGES
                 .with_label_values(&["refused"])
                 .inc();
             return;
         }
+        let body = match self.accept(datagram, senders) {
+            Ok(body) => body,
+            Err(event) => {
+                metrics::REPLICA_MESSAGES.with_label_values(&[event]).inc();
+                return;
+            }
+        };
         let cluster = self.router.cluster();
-        for (id, hashes) in decode(datagram) {
+        for (id, hashes) in wire::entries(body) {
             // A peer this process does not have (yet, or any more) is skipped.
             let Some(peer) = cluster.peer(id) else {
                 continue;
@@ -107,6 +93,26 @@ impl ReplicaExchange {
         }
     }
 
+    /// The entries of a datagram to be heard; else the event it is counted as.
+    fn accept<'a>(
+        &self,
+        datagram: &'a [u8],
+        senders: &mut Senders,
+    ) -> Result<&'a [u8], &'static str> {
+        let Some(keys) = &self.keys else {
+            return wire::unsigned(datagram).ok_or("unsigned");
+        };
+        let signed = wire::open(datagram, &keys.load()).map_err(|refused| match refused {
+            wire::Refused::Unsigned => "unsigned",
+            wire::Refused::Forged => "forged",
+        })?;
+        // This process's own datagrams, sent back to it, would record its choices twice.
+        if signed.sender == self.sender || !senders.admit(signed.sender, signed.seq) {
+            return Err("replayed");
+        }
+        Ok(signed.body)
+    }
+
     fn is_replica(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         self.settings
@@ -114,6 +120,18 @@ impl ReplicaExchange {
             .iter()
             .any(|o| o.ip().to_canonical() == ip)
     }
+}
+
+/// A sender id that no other process is likely to draw: a process restarted must not be taken
+/// for the one before it, whose sequence numbers it repeats.
+fn sender_id() -> u64 {
+    getrandom::u64().unwrap_or_else(|e| {
+        log::warn!("replicas: no system randomness ({e}): the sender id is drawn from the clock");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32)
+    })
 }
 
 /// Binds `addr` so that the process taking over in an upgrade can bind it too while this one
@@ -126,22 +144,28 @@ fn bind_shared(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(socket.into())
 }
 
+/// Where and how [`send_loop`] sends.
+struct Sending {
+    to: Vec<SocketAddr>,
+    keys: Option<Arc<ArcSwap<KeyRing>>>,
+    sender: u64,
+}
+
 /// Sends what the record hands over until the record is gone: as many prompts as are waiting
 /// packed into each datagram, to every other replica.
-fn send_loop(
-    socket: UdpSocket,
-    outbox: Receiver<Served>,
-    router: Arc<Router>,
-    to: Vec<SocketAddr>,
-) {
+fn send_loop(socket: UdpSocket, outbox: Receiver<Served>, router: Arc<Router>, sending: Sending) {
     let mut datagram = Vec::with_capacity(MAX_DATAGRAM);
     let mut carried = None;
+    let mut seq = 0u64;
     loop {
         let Some(first) = carried.take().or_else(|| outbox.recv().ok()) else {
             return;
         };
-        datagram.clear();
-        datagram.extend_from_slice(MAGIC);
+        // The keys as they are now sign the whole datagram; a reload meanwhile signs the next.
+        let ring = sending.keys.as_ref().map(|k| k.load_full());
+        let signer = ring.as_ref().map(|r| r.signer());
+        wire::begin(&mut datagram, signer.map(|key| (key, sending.sender, seq)));
+        let header = datagram.len();
         let cluster = router.cluster();
         let mut next = Some(first);
         while let Some(served) = next {
@@ -151,7 +175,7 @@ fn send_loop(
                 if !encode_entry(&mut datagram, peer.id(), served.blocks.hashes()) {
                     // It starts the next datagram; one it does not fit alone (a peer named in
                     // over 255 bytes) is dropped.
-                    if datagram.len() > MAGIC.len() {
+                    if datagram.len() > header {
                         carried = Some(served);
                     }
                     break;
@@ -160,8 +184,12 @@ fn send_loop(
             next = outbox.try_recv().ok();
         }
         drop(cluster);
-        if datagram.len() > MAGIC.len() {
-            for addr in &to {
+        if datagram.len() > header {
+            if let Some(key) = signer {
+                wire::seal(&mut datagram, key);
+                seq += 1;
+            }
+            for addr in &sending.to {
                 // A lost datagram costs prefills, not errors: a replica down is not this
                 // one's problem, and the next prompts try again.
                 let _ = socket.send_to(&datagram, addr);
@@ -196,10 +224,15 @@ impl BackgroundService for ReplicaExchange {
         };
         let (outbox, queued) = sync_channel(OUTBOX);
         if self.router.cluster().record().share(outbox) {
-            let (router, to) = (Arc::clone(&self.router), self.settings.others.clone());
+            let router = Arc::clone(&self.router);
+            let sending = Sending {
+                to: self.settings.others.clone(),
+                keys: self.keys.clone(),
+                sender: self.sender,
+            };
             let spawned = std::thread::Builder::new()
                 .name("prefixlb-replicas".into())
-                .spawn(move || send_loop(sender, queued, router, to));
+                .spawn(move || send_loop(sender, queued, router, sending));
             if let Err(e) = spawned {
                 log::error!("replicas: no thread to send with: {e}");
             }
@@ -215,72 +248,22 @@ impl BackgroundService for ReplicaExchange {
             }
         };
         log::info!(
-            "replicas: telling {} other processes where prompts went, hearing them on udp {listen}",
-            self.settings.others.len()
+            "replicas: telling {} other processes where prompts went, hearing them on udp {listen}, {}",
+            self.settings.others.len(),
+            match &self.keys {
+                Some(keys) => format!("signed with key id {}", keys.load().signer().id()),
+                None => "unsigned".into(),
+            }
         );
+        let mut senders = Senders::default();
         let mut buf = vec![0u8; 65_536];
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 got = socket.recv_from(&mut buf) => match got {
-                    Ok((n, from)) => self.heard(&buf[..n], from),
+                    Ok((n, from)) => self.heard(&buf[..n], from, &mut senders),
                     Err(e) => log::warn!("replicas: udp {listen}: {e}"),
                 },
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn entries_come_back_as_written() {
-        let mut d = MAGIC.to_vec();
-        assert!(encode_entry(&mut d, "10.0.0.1:8000", &[1, u64::MAX, 3]));
-        assert!(encode_entry(&mut d, "[::1]:8001", &[]));
-        let got: Vec<_> = decode(&d).collect();
-        assert_eq!(
-            got,
-            vec![
-                ("10.0.0.1:8000", vec![1, u64::MAX, 3]),
-                ("[::1]:8001", vec![])
-            ]
-        );
-    }
-
-    #[test]
-    fn an_entry_that_would_pass_the_datagram_size_is_left_for_the_next() {
-        let mut d = MAGIC.to_vec();
-        let names = [7u64; 65];
-        assert!(encode_entry(&mut d, "10.0.0.1:8000", &names));
-        assert!(encode_entry(&mut d, "10.0.0.1:8000", &names));
-        let full = d.len();
-        assert!(!encode_entry(&mut d, "10.0.0.1:8000", &names));
-        assert_eq!(d.len(), full, "nothing of the refused entry was written");
-        assert!(d.len() <= MAX_DATAGRAM);
-    }
-
-    #[test]
-    fn a_datagram_without_the_magic_or_cut_short_yields_what_is_whole() {
-        assert_eq!(decode(b"PLR0\x01a\x00").count(), 0);
-        let mut d = MAGIC.to_vec();
-        encode_entry(&mut d, "a:1", &[5]);
-        encode_entry(&mut d, "b:2", &[6, 7]);
-        d.truncate(d.len() - 3);
-        let got: Vec<_> = decode(&d).collect();
-        assert_eq!(got, vec![("a:1", vec![5])]);
-    }
-
-    proptest! {
-        #[test]
-        fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..2000)) {
-            let mut d = MAGIC.to_vec();
-            d.extend_from_slice(&bytes);
-            for (id, hashes) in decode(&d) {
-                prop_assert!(id.len() < 256 && hashes.len() < 256);
             }
         }
     }
