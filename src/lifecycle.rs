@@ -209,6 +209,7 @@ fn watch_drain(activity: &Activity, shared: &SharedLoad, mut signals: Streams) {
     });
     shared.leave();
     crate::access_log::drain(Duration::from_secs(1));
+    crate::traces::drain(Duration::from_secs(2));
     std::process::exit(0);
 }
 

@@ -165,10 +165,9 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         });
     }
     let tenants = watching.keys.as_ref().map(|k| Arc::clone(&k.tenants));
-    let traces = settings.tracing.clone().map(Traces::new);
-    if let Some(traces) = &traces {
-        lb = lb.with_traces(Arc::clone(traces));
-        server.add_service(background_service("traces", Exporter(Arc::clone(traces))));
+    if let Some(traces) = settings.tracing.clone().map(Traces::new) {
+        lb = lb.with_traces(Arc::clone(&traces));
+        server.add_service(background_service("traces", Exporter(traces)));
     }
     let mut proxy = crate::proxy::service::proxy_service(
         &server.configuration,
@@ -274,10 +273,7 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         }),
     });
     crate::access_log::drain(std::time::Duration::from_secs(1));
-    // Every request has ended: their spans are queued, and go out now.
-    if let Some(traces) = &traces {
-        traces.shutdown(std::time::Duration::from_secs(2));
-    }
+    crate::traces::drain(std::time::Duration::from_secs(2));
     std::process::exit(0)
 }
 

@@ -319,3 +319,26 @@ async fn with_tracing_off_nothing_is_sent_and_the_trace_headers_pass_unchanged()
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(received.posts.lock().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn the_queued_spans_are_sent_when_prefixlb_stops() {
+    let [up] = upstreams::<1>().await;
+    let (endpoint, received) = start_collector().await;
+    // The SDK's default batch delay (5 s): the span is still queued when the stop comes.
+    let config = TestConfig::new()
+        .peers(&[&up])
+        .tracing(&endpoint, "prefixlb-test");
+    let mut proxy =
+        spawn_proxy_adjusted(&config, &PingoraConfig::new().grace_seconds(1, 1), |_| {});
+    proxy.wait_ready().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    chat_through(&proxy, &[]).await;
+    let (trace, _, _) = parts(&header(&up, "traceparent").unwrap());
+    assert!(
+        spans_of_now(&received, &trace).is_empty(),
+        "sent before the stop"
+    );
+    proxy.signal("TERM");
+    proxy.exits(Duration::from_secs(10)).await;
+    assert_eq!(spans_of_now(&received, &trace).len(), 1, "{}", proxy.log());
+}

@@ -14,6 +14,7 @@ pub fn fds(pid: u32) -> usize {
 }
 
 /// A TCP socket a process holds.
+#[derive(Clone)]
 struct Tcp {
     /// The kernel's state code: `01` established, `08` CLOSE_WAIT, `0A` listening.
     state: String,
@@ -70,10 +71,12 @@ fn descriptors(pid: u32) -> (Vec<Tcp>, usize) {
             }
         }
     }
+    // A socket may be held under several descriptors (prefixlb duplicates an upstream one
+    // to watch a stream): each counts as the kind of socket it is.
     let mut held = Vec::new();
     for inode in sockets {
-        match tcp.remove(&inode) {
-            Some(t) => held.push(t),
+        match tcp.get(&inode) {
+            Some(t) => held.push(t.clone()),
             None => others += 1,
         }
     }

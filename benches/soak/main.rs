@@ -168,6 +168,10 @@ async fn run(plan: Plan) -> Result<bool, String> {
         .iter()
         .filter(|c| c.cut_by_kill.is_some())
         .count();
+    let cut_mid_stream = classified
+        .iter()
+        .filter(|c| c.cut_by_kill.is_some() && c.failure.cause.mid_stream())
+        .count();
     let lost = classified.len() - cut;
     let segs = segments(&samples, plan.warm_up.as_secs_f64());
     let checks = vec![

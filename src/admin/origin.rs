@@ -54,9 +54,8 @@ pub fn refusal(headers: &HeaderMap, token_checked: bool) -> Option<&'static str>
         return Some("the browser says a page of another site sent it (Sec-Fetch-Site)");
     }
     let mut origins = headers.get_all(http::header::ORIGIN).iter();
-    let Some(origin) = origins.next() else {
-        return None;
-    };
+    // Without an Origin it is a tool's call, not a browser's: taken.
+    let origin = origins.next()?;
     if origins.next().is_some() {
         return Some("more than one Origin");
     }

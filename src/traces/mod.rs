@@ -32,19 +32,19 @@ pub use span::{Outcome, RequestSpan};
 /// The process's traces: its settings until the exporter runs, then the tracer.
 pub struct Traces {
     settings: TraceSettings,
-    running: OnceLock<Running>,
+    /// Set once the exporter runs.
+    tracer: OnceLock<SdkTracer>,
 }
 
-struct Running {
-    provider: SdkTracerProvider,
-    tracer: SdkTracer,
-}
+/// The exporter's provider once it runs, for [`drain`]: like the access log, the process has
+/// one, and its exits (the drain's end, the server's) are not where the proxy is.
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
 impl Traces {
     pub fn new(settings: TraceSettings) -> Arc<Self> {
         Arc::new(Self {
             settings,
-            running: OnceLock::new(),
+            tracer: OnceLock::new(),
         })
     }
 
@@ -57,10 +57,9 @@ impl Traces {
         path: &str,
         headers: &http::HeaderMap,
     ) -> Option<Box<RequestSpan>> {
-        let running = self.running.get()?;
+        let tracer = self.tracer.get()?;
         let parent = TraceContextPropagator::new().extract(&Headers(headers));
-        let span = running
-            .tracer
+        let span = tracer
             .span_builder(format!("{method} {path}"))
             .with_kind(SpanKind::Server)
             .with_start_time(SystemTime::now())
@@ -68,7 +67,7 @@ impl Traces {
                 KeyValue::new("http.request.method", method.to_owned()),
                 KeyValue::new("url.path", path.to_owned()),
             ])
-            .start_with_context(&running.tracer, &parent);
+            .start_with_context(tracer, &parent);
         Some(Box::new(RequestSpan::new(span)))
     }
 
@@ -96,17 +95,21 @@ impl Traces {
             .with_resource(resource)
             .build();
         let tracer = provider.tracer("prefixlb");
-        self.running
-            .set(Running { provider, tracer })
+        PROVIDER
+            .set(provider)
+            .map_err(|_| "started twice".to_owned())?;
+        self.tracer
+            .set(tracer)
             .map_err(|_| "started twice".to_owned())
     }
+}
 
-    /// Sends the spans still queued, waiting at most `limit`; called once requests have ended.
-    pub fn shutdown(&self, limit: Duration) {
-        if let Some(running) = self.running.get() {
-            if let Err(e) = running.provider.shutdown_with_timeout(limit) {
-                log::warn!("traces: the last spans may be lost: {e}");
-            }
+/// Sends the spans still queued, waiting at most `limit`: called before the process exits,
+/// once its requests have ended.
+pub fn drain(limit: Duration) {
+    if let Some(provider) = PROVIDER.get() {
+        if let Err(e) = provider.shutdown_with_timeout(limit) {
+            log::warn!("traces: the last spans may be lost: {e}");
         }
     }
 }

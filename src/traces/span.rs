@@ -23,9 +23,9 @@ pub struct Outcome<'a> {
     /// The peer that served the request (`ip:port`).
     pub peer: Option<&'a str>,
     /// How the peer was chosen: the route label of the metrics and the access log.
-    pub route: Option<&'a str>,
+    pub route: Option<&'static str>,
     /// Where the routing key came from.
-    pub key_source: Option<&'a str>,
+    pub key_source: Option<&'static str>,
     /// Milliseconds from the choice of peer to the first byte of its answer.
     pub ttft_ms: Option<u32>,
     /// The prompt's tokens and those the engine said it had cached, when it said.
@@ -85,10 +85,17 @@ impl RequestSpan {
             KeyValue::new("http.request.body.size", o.bytes_in as i64),
             KeyValue::new("http.response.body.size", o.bytes_out as i64),
         ];
-        let texts = [
-            ("prefixlb.peer", o.peer),
+        // Labels are static: no copy of them is made.
+        for (key, value) in [
             ("prefixlb.route", o.route),
             ("prefixlb.key_source", o.key_source),
+        ] {
+            if let Some(v) = value {
+                attributes.push(KeyValue::new(key, v));
+            }
+        }
+        let texts = [
+            ("prefixlb.peer", o.peer),
             ("prefixlb.request_id", o.request_id),
             ("prefixlb.tenant", o.tenant),
         ];

@@ -355,7 +355,9 @@ async fn an_engine_killed_mid_stream_ends_the_stream_frees_the_slot_and_the_next
     assert!(!cut.done, "the stream ended as if whole: {cut:?}");
     // prefixlb ends it with an error event the client reads, not a cut connection.
     assert!(
-        cut.error.as_deref().is_some_and(|e| e.contains("upstream_error")),
+        cut.error
+            .as_deref()
+            .is_some_and(|e| e.contains("upstream_error")),
         "the stream ended without an error event: {cut:?}"
     );
     assert!(cut.events >= 3, "{cut:?}");
