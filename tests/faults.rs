@@ -500,3 +500,44 @@ async fn a_peer_whose_dns_name_flaps_loses_no_request() {
     assert!(!a.seen().is_empty() && !b.seen().is_empty());
     proxy.assert_idle().await;
 }
+
+/// A request whose engine is gone (killed, its port refusing) while every other engine is at
+/// its bound waits in line for a slot instead of being answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_off_a_dead_engine_waits_in_line_when_the_others_are_full() {
+    let live = start_upstream("live").await;
+    let (dead, _held) = refused_addr();
+    let cfg = TestConfig::new()
+        .peers_at([live.addr, dead])
+        .max_in_flight(1)
+        .policy("round_robin")
+        .no_health_check();
+    let proxy = start_proxy(&cfg).await;
+    // The live engine's one slot, held for half a second.
+    let holder = open_stream(&proxy, 5, 100).await;
+    let reader = tokio::spawn(async move { holder.bytes().await.unwrap() });
+    // Round robin sends the next to the dead engine: refused, retried, in line until the slot
+    // is free.
+    let started = Instant::now();
+    let r = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .body(chat("s", "next", 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", proxy.log());
+    assert_eq!(r.headers()["x-upstream"], "live");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "it did not wait"
+    );
+    reader.await.unwrap();
+    assert_eq!(
+        sample(
+            &proxy.metrics().await,
+            "prefixlb_rejections_total{reason=\"queue_timeout\"}"
+        ),
+        0.0
+    );
+    proxy.assert_idle().await;
+}

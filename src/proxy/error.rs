@@ -65,10 +65,6 @@ impl ApiError {
                 "queue_timeout",
                 "every inference server stayed at its in-flight limit for the whole queue timeout",
             ),
-            Rejection::RetrySaturated => (
-                "cluster_saturated",
-                "the chosen inference server could not be reached and every other one is at its in-flight limit",
-            ),
         };
         Self {
             status: 503,

@@ -88,10 +88,14 @@ impl ProxyHttp for PrefixLb {
         ctx: &mut RequestCtx,
     ) -> Result<Box<HttpPeer>> {
         if ctx.slot.is_none() {
-            // A retry after a failed connect: the next peer on the walk, no waiting in line.
+            // A retry after a failed connect: the next peer on the walk, in line if all are full.
             match self.choose_now(session, ctx) {
                 Decision::Routed(routed) => ctx.take_slot(routed),
-                Decision::Saturated => return Err(reject(ctx, Rejection::RetrySaturated)),
+                Decision::Saturated => {
+                    if let Err(why) = self.wait_to_retry(ctx).await {
+                        return Err(reject(ctx, why));
+                    }
+                }
                 Decision::NoPeer => return Err(reject(ctx, Rejection::NoPeer)),
             }
         }

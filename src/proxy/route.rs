@@ -89,6 +89,29 @@ impl PrefixLb {
             .choose(|| cluster.select(&self.router.balance, *ctx.demand, &ctx.failed))
     }
 
+    /// A retry after a failed connect when every other peer is at its bound: it waits in line
+    /// like any request, skipping the peers that failed it, instead of losing the request to
+    /// a 503 (the case of every request caught on an engine as it was killed).
+    pub(crate) async fn wait_to_retry(&self, ctx: &mut RequestCtx) -> Result<(), Rejection> {
+        let router = &self.router;
+        let demand = *ctx.demand;
+        let failed = ctx.failed.clone();
+        let lane = ctx.client.as_ref().map_or(0, |t| Arc::as_ptr(t) as u64);
+        let (routed, waited) = router
+            .load()
+            .waiters()
+            .admit(self.settings.queue, lane, || {
+                self.shared
+                    .choose_in_turn(|| router.cluster().select(&router.balance, demand, &failed))
+            })
+            .await?;
+        if !waited.is_zero() {
+            metrics::QUEUE_WAIT.observe(waited.as_secs_f64());
+        }
+        ctx.take_slot(routed);
+        Ok(())
+    }
+
     /// Waits in line for a slot, or for the rejection that ends the wait.
     async fn wait_in_line(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Stop> {
         let router = &self.router;

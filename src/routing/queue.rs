@@ -56,8 +56,6 @@ pub enum Rejection {
     NoPeer,
     QueueFull,
     Timeout,
-    /// The chosen peer failed to connect and every other one is at its bound.
-    RetrySaturated,
 }
 
 impl Rejection {
@@ -66,7 +64,6 @@ impl Rejection {
             Rejection::NoPeer => "no_peer",
             Rejection::QueueFull => "queue_full",
             Rejection::Timeout => "queue_timeout",
-            Rejection::RetrySaturated => "retry_saturated",
         }
     }
 }
