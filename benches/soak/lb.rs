@@ -64,13 +64,15 @@ impl Lb {
             .admin_on(admin)
             .peers_file(&lb.peers_path())
             .reload_interval_ms(500)
-            .access_log("json")
             // The prefix record is allocated at start but paged in as blocks land in it: at its
             // 16 MiB default this load touches it all only after half an hour, and that growth
             // would hide or mimic a leak. At 1 MiB it is resident within the warm-up and evicts
             // all along, the path a long-running process lives on.
             .advanced("prefix_record_bytes", "1048576");
-        write(&dir.join("prefixlb.yaml"), &config.to_yaml())?;
+        write(
+            &dir.join("prefixlb.yaml"),
+            &with_json_access_log(&config.to_yaml())?,
+        )?;
         // A long grace period: an old process must leave when its work is done, long before.
         let pingora = PingoraConfig::new()
             .threads(2)
@@ -201,6 +203,16 @@ impl Drop for Lb {
             }
         }
     }
+}
+
+/// `yaml` with a JSON access log, the key read back for each failed request, set in its
+/// current form (`access_log.format`): the builder's older one is logged as renamed.
+fn with_json_access_log(yaml: &str) -> Result<String, String> {
+    let mut config: serde_yaml::Mapping = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+    let mut access_log = serde_yaml::Mapping::new();
+    access_log.insert("format".into(), "json".into());
+    config.insert("access_log".into(), access_log.into());
+    serde_yaml::to_string(&config).map_err(|e| e.to_string())
 }
 
 fn write(path: &Path, text: &str) -> Result<(), String> {

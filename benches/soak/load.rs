@@ -1,7 +1,8 @@
 //! The steady load: clients each holding multi-turn conversations under one shared system
 //! prompt, every turn a streamed chat completion, each stream read to its end and checked
 //! whole (every token the engine was asked for, the usage event, `[DONE]`). A turn that fails
-//! ends its conversation, as a user would start again.
+//! ends its conversation and the next one starts at once, on the same keep-alive connection,
+//! as a client that retries does.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -15,6 +15,7 @@
 //! to `target/bench-results` (or `$BENCH_OUT`), prints the summary, and exits non-zero when
 //! a check fails.
 
+mod checks;
 #[path = "../common/mod.rs"]
 mod common;
 mod disturb;
@@ -36,7 +37,7 @@ use std::time::{Duration, Instant};
 use disturb::Disturber;
 use plan::{Event, Plan};
 use report::{GenInfo, Summary};
-use verdict::{classify, flat_check, segments, Check};
+use verdict::{classify, flat_check, segments};
 
 const CLIENTS: usize = 24;
 const ENGINES: usize = 4;
@@ -88,12 +89,14 @@ async fn run(plan: Plan) -> Result<bool, String> {
     let load = load::Load::start(CLIENTS, format!("http://{addr}/v1/chat/completions"), epoch);
     let counters = Arc::clone(&load.counters);
     let stop_sampling = Arc::new(AtomicBool::new(false));
+    let load_stopped = Arc::new(AtomicBool::new(false));
     let sampler = sampler::Sampler {
         lb: Arc::clone(&lb),
         admin,
         engines_up: Arc::clone(&disturber.engines_up),
         counters: Arc::clone(&counters),
         epoch,
+        load_stopped: Arc::clone(&load_stopped),
     };
     let sampling = tokio::spawn(sampler.run(plan.sample_every, Arc::clone(&stop_sampling)));
     // Old processes' exits to the tenth of a second: how long one lingers is a result.
@@ -117,6 +120,7 @@ async fn run(plan: Plan) -> Result<bool, String> {
     }
     tokio::time::sleep_until((epoch + plan.total).into()).await;
     println!("stopping the load");
+    load_stopped.store(true, Ordering::SeqCst);
     let failures = load.stop().await;
     let load_ended_s = epoch.elapsed().as_secs_f64();
     let end = end::drain(&lb, admin, &engine_addrs, plan.drain).await;
@@ -130,9 +134,9 @@ async fn run(plan: Plan) -> Result<bool, String> {
         engines_up: Arc::clone(&disturber.engines_up),
         counters,
         epoch,
+        load_stopped,
     };
-    let mut idle = last.sample(&reqwest::Client::new()).await;
-    idle.after_load = true;
+    let idle = last.sample(&reqwest::Client::new()).await;
     println!("{}", sampler::line(&idle));
     samples.push(idle);
 
@@ -164,15 +168,10 @@ async fn run(plan: Plan) -> Result<bool, String> {
         })
         .collect();
     classified.sort_by(|a, b| a.failure.failed_s.total_cmp(&b.failure.failed_s));
-    let cut = classified
+    let cut_by_kill = classified
         .iter()
         .filter(|c| c.cut_by_kill.is_some())
         .count();
-    let cut_mid_stream = classified
-        .iter()
-        .filter(|c| c.cut_by_kill.is_some() && c.failure.cause.mid_stream())
-        .count();
-    let lost = classified.len() - cut;
     let segs = segments(&samples, plan.warm_up.as_secs_f64());
     let checks = vec![
         flat_check("RSS flat after warm-up", "MiB", &segs, |s| &s.rss),
@@ -182,18 +181,10 @@ async fn run(plan: Plan) -> Result<bool, String> {
             &segs,
             |s| &s.fds_held,
         ),
-        connections_check(&end),
-        in_flight_check(&end),
-        Check {
-            name: "no lost request",
-            pass: lost == 0,
-            detail: format!(
-                "{lost} lost; {cut} failed at {} engine kills: {cut_mid_stream} streams cut mid-way, {} refused before a response head",
-                disturber.timeline.kills.len(),
-                cut - cut_mid_stream
-            ),
-        },
-        upgrades_check(&disturber, &generations, &end),
+        checks::connections(&end, ENGINES),
+        checks::in_flight(&end),
+        checks::lost(&classified, &disturber.timeline),
+        checks::disturbances(&disturber.timeline, &generations, &end),
     ];
     let pass = checks.iter().all(|c| c.pass);
     let sent = load_counts(&samples);
@@ -212,8 +203,8 @@ async fn run(plan: Plan) -> Result<bool, String> {
         sent: sent.0,
         ok: sent.1,
         failed: classified.len(),
-        cut_by_kill: cut,
-        lost,
+        cut_by_kill,
+        lost: classified.len() - cut_by_kill,
         load_ended_s,
         generations,
         timeline: disturber.timeline.clone(),
@@ -227,7 +218,7 @@ async fn run(plan: Plan) -> Result<bool, String> {
         run_dir: dir,
     };
     let paths = report::write(&out, &summary, &samples)?;
-    println!("\n{}", report::markdown(&summary, 40));
+    println!("\n{}", report::markdown(&summary, 20));
     for p in paths {
         println!("wrote {}", p.display());
     }
@@ -237,122 +228,4 @@ async fn run(plan: Plan) -> Result<bool, String> {
 /// Requests sent and answered whole, as the last sample counted them.
 fn load_counts(samples: &[sampler::Sample]) -> (u64, u64) {
     samples.last().map_or((0, 0), |s| (s.sent, s.ok))
-}
-
-/// Connections the idle process may keep: a health check and a metrics scrape per engine,
-/// and the bench's own admin reads.
-const IDLE_CONNECTIONS: usize = 2 * ENGINES + 4;
-
-fn connections_check(end: &end::End) -> Check {
-    let c = &end.idle_connections;
-    Check {
-        name: "connections closed when idle",
-        pass: c.clients == 0 && c.close_wait == 0 && c.upstream + c.admin + c.other <= IDLE_CONNECTIONS,
-        detail: format!(
-            "established once idle: {} from clients, {} to engines, {} admin, {} other (at most {IDLE_CONNECTIONS} besides clients); {} in CLOSE_WAIT",
-            c.clients, c.upstream, c.admin, c.other, c.close_wait
-        ),
-    }
-}
-
-fn in_flight_check(end: &end::End) -> Check {
-    let held: Vec<String> = end
-        .peers_in_flight
-        .iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(p, n)| format!("{p}: {n}"))
-        .collect();
-    let running: Vec<String> = end
-        .engines_running
-        .iter()
-        .map(|(e, n)| format!("{e}: {}", n.map_or("?".into(), |n| format!("{n:.0}"))))
-        .collect();
-    Check {
-        name: "nothing in flight at the end",
-        pass: end.idle(),
-        detail: format!(
-            "after {:.1} s of drain: admin in_flight {:?}, waiting {:?}, peers holding [{}], metrics {:?}; engines running [{}]",
-            end.drained_after_s,
-            end.in_flight,
-            end.waiting,
-            held.join(", "),
-            end.metrics_in_flight,
-            running.join(", ")
-        ),
-    }
-}
-
-fn upgrades_check(d: &Disturber, generations: &[GenInfo], end: &end::End) -> Check {
-    let failed: Vec<String> = d
-        .timeline
-        .upgrades
-        .iter()
-        .filter_map(|u| {
-            u.error
-                .as_ref()
-                .map(|e| format!("gen {}: {e}", u.generation))
-        })
-        .collect();
-    let lingered: Vec<String> = generations
-        .iter()
-        .filter_map(|g| {
-            let quit = g.quit_s?;
-            Some(match &g.exit {
-                Some(e) => format!(
-                    "gen {} left {:.1} s after its SIGQUIT ({})",
-                    g.index,
-                    e.at_s - quit,
-                    e.status
-                ),
-                None => format!("gen {} still running", g.index),
-            })
-        })
-        .collect();
-    let unclean = generations
-        .iter()
-        .filter(|g| g.quit_s.is_some() && !g.exit.as_ref().is_some_and(|e| e.clean))
-        .count();
-    let newest_exit = generations.last().and_then(|g| g.exit.as_ref());
-    let restarts_failed = d
-        .timeline
-        .kills
-        .iter()
-        .filter(|k| k.error.is_some())
-        .count();
-    let unapplied = d
-        .timeline
-        .peers
-        .iter()
-        .filter(|p| p.applied_ms.is_none())
-        .count();
-    Check {
-        name: "upgrades, restarts, peers file",
-        pass: failed.is_empty()
-            && unclean == 0
-            && end.old_alive.is_empty()
-            && restarts_failed == 0
-            && unapplied == 0
-            && newest_exit.is_none()
-            && !d.timeline.upgrades.is_empty(),
-        detail: format!(
-            "{} upgrades, {} failed{}; {}; newest process {}; {} of {} engine restarts failed; {} of {} peers-file changes not listed by prefixlb within 10 s",
-            d.timeline.upgrades.len(),
-            failed.len(),
-            if failed.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", failed.join("; "))
-            },
-            if lingered.is_empty() {
-                "no old process".into()
-            } else {
-                lingered.join(", ")
-            },
-            newest_exit.map_or("running".into(), |e| format!("exited ({})", e.status)),
-            restarts_failed,
-            d.timeline.kills.len(),
-            unapplied,
-            d.timeline.peers.len()
-        ),
-    }
 }

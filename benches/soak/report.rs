@@ -115,7 +115,7 @@ pub fn markdown(s: &Summary, max_failures: usize) -> String {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "# Soak: {:.0} min, {} streaming clients, {} gpu-sim engines, {} prefixlb processes\n",
+        "# Soak: {} min, {} streaming clients, {} gpu-sim engines, {} prefixlb processes\n",
         s.minutes,
         s.clients,
         s.engines,

@@ -41,7 +41,7 @@ pub struct Sample {
     /// Time to first token of the turns that succeeded since the sample before.
     pub ttft_p50_ms: f64,
     pub ttft_p99_ms: f64,
-    /// Taken after the load stopped and drained: not part of any trend.
+    /// Taken once the load stopped: not part of any trend.
     pub after_load: bool,
 }
 
@@ -62,6 +62,7 @@ pub struct Sampler {
     pub engines_up: Arc<AtomicUsize>,
     pub counters: Arc<Counters>,
     pub epoch: Instant,
+    pub load_stopped: Arc<AtomicBool>,
 }
 
 impl Sampler {
@@ -105,7 +106,7 @@ impl Sampler {
             failed: self.counters.failed.load(Ordering::Relaxed),
             ttft_p50_ms: percentile(&ttft, 50.0),
             ttft_p99_ms: percentile(&ttft, 99.0),
-            after_load: false,
+            after_load: self.load_stopped.load(Ordering::SeqCst),
         }
     }
 
