@@ -147,24 +147,56 @@ fn replica(listen: SocketAddr, others: &[SocketAddr]) -> Replica {
     }
 }
 
+/// A proxy with one other replica, under `KEY_A`, and the socket of that other replica, at
+/// its listed address.
+struct Signed {
+    ups: [Upstream; 2],
+    _dir: tempfile::TempDir,
+    keys: std::path::PathBuf,
+    ours: SocketAddr,
+    proxy: Proxy,
+    listed: UdpSocket,
+}
+
+impl Signed {
+    async fn start() -> Self {
+        let ups = upstreams::<2>().await;
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("replicas.key");
+        write_keys(&keys, &[&KEY_A]);
+        let addrs = replicas(2);
+        let (ours, theirs) = (addrs[0].listen, addrs[1].listen);
+        let config = TestConfig::new()
+            .peers(&ups)
+            .replica(&replica(ours, &[theirs]))
+            .replica_key_file(&keys);
+        let proxy = start_proxy(&config).await;
+        let listed = UdpSocket::bind(theirs).await.unwrap();
+        hearing(&proxy).await;
+        Self {
+            ups,
+            _dir: dir,
+            keys,
+            ours,
+            proxy,
+            listed,
+        }
+    }
+}
+
 /// From the listed replica's own address: a forged datagram, a replayed one, unsigned ones and
 /// one under a key the file lacks are each counted and not heard; from another address, even a
 /// genuine one is refused. The prompts heard count exactly the genuine datagrams.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_replayed_and_unsigned_datagrams_change_nothing_and_are_counted() {
-    let ups = upstreams::<2>().await;
-    let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("replicas.key");
-    write_keys(&keys, &[&KEY_A]);
-    let addrs = replicas(2);
-    let (ours, theirs) = (addrs[0].listen, addrs[1].listen);
-    let config = TestConfig::new()
-        .peers(&ups)
-        .replica(&replica(ours, &[theirs]))
-        .replica_key_file(&keys);
-    let proxy = start_proxy(&config).await;
-    let listed = UdpSocket::bind(theirs).await.unwrap();
-    hearing(&proxy).await;
+    let Signed {
+        ups,
+        _dir,
+        keys: _,
+        ours,
+        proxy,
+        listed,
+    } = Signed::start().await;
     let peer = ups[0].addr_str();
     let told: &[(&str, &[u64])] = &[(&peer, &[11, 12, 13])];
     let sender = 0x5eed;
@@ -355,19 +387,14 @@ fn reloads(result: &str) -> String {
 /// alone. A file that holds no usable key keeps the keys before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_file_is_read_again_on_sighup() {
-    let ups = upstreams::<2>().await;
-    let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("replicas.key");
-    write_keys(&keys, &[&KEY_A]);
-    let addrs = replicas(2);
-    let (ours, theirs) = (addrs[0].listen, addrs[1].listen);
-    let config = TestConfig::new()
-        .peers(&ups)
-        .replica(&replica(ours, &[theirs]))
-        .replica_key_file(&keys);
-    let proxy = start_proxy(&config).await;
-    let listed = UdpSocket::bind(theirs).await.unwrap();
-    hearing(&proxy).await;
+    let Signed {
+        ups,
+        _dir,
+        keys,
+        ours,
+        proxy,
+        listed,
+    } = Signed::start().await;
     let peer = ups[0].addr_str();
     let told: &[(&str, &[u64])] = &[(&peer, &[21, 22])];
     let send = |key: &'static [u8], sender: u64, seq: u64| {

@@ -202,30 +202,16 @@ async fn a_client_trace_goes_on_through_prefixlbs_span_to_the_engine_and_the_col
     assert_eq!(span.kind, SpanKind::Server as i32);
     assert_eq!(span.name, "POST /v1/chat/completions");
     assert_eq!(attribute(span, "prefixlb.peer"), Some(up.addr_str()));
-    assert_eq!(
-        attribute(span, "prefixlb.key_source").as_deref(),
-        Some("chat")
-    );
-    assert_eq!(
-        attribute(span, "prefixlb.route").as_deref(),
-        Some("primary")
-    );
-    assert_eq!(
-        attribute(span, "http.response.status_code").as_deref(),
-        Some("200")
-    );
-    assert_eq!(
-        attribute(span, "prefixlb.upstream_status").as_deref(),
-        Some("200")
-    );
-    assert_eq!(
-        attribute(span, "prefixlb.cached_tokens").as_deref(),
-        Some("64")
-    );
-    assert_eq!(
-        attribute(span, "prefixlb.prompt_tokens").as_deref(),
-        Some("100")
-    );
+    for (name, value) in [
+        ("prefixlb.key_source", "chat"),
+        ("prefixlb.route", "primary"),
+        ("http.response.status_code", "200"),
+        ("prefixlb.upstream_status", "200"),
+        ("prefixlb.cached_tokens", "64"),
+        ("prefixlb.prompt_tokens", "100"),
+    ] {
+        assert_eq!(attribute(span, name).as_deref(), Some(value), "{name}");
+    }
     for present in [
         "prefixlb.ttft_ms",
         "prefixlb.queue_wait_ms",

@@ -1,7 +1,9 @@
 //! The request filter's last step: the pool that serves the request's model, then a peer's
 //! slot, at once for a request too light to be bounded, else in the waiting line.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use pingora::proxy::Session;
 
@@ -12,7 +14,7 @@ use super::error::ApiError;
 use super::gate::Prompt;
 use super::lb::PrefixLb;
 use crate::metrics;
-use crate::routing::{Decision, PoolChoice, Rejection};
+use crate::routing::{Decision, Peer, PoolChoice, Rejection, Routed};
 
 impl PrefixLb {
     /// Routes the request the gate passed: on success `ctx` holds its slot.
@@ -93,38 +95,34 @@ impl PrefixLb {
     /// like any request, skipping the peers that failed it, instead of losing the request to
     /// a 503 (the case of every request caught on an engine as it was killed).
     pub(crate) async fn wait_to_retry(&self, ctx: &mut RequestCtx) -> Result<(), Rejection> {
-        let router = &self.router;
-        let demand = *ctx.demand;
-        let failed = ctx.failed.clone();
-        let lane = ctx.client.as_ref().map_or(0, |t| Arc::as_ptr(t) as u64);
-        let (routed, waited) = router
-            .load()
-            .waiters()
-            .admit(self.settings.queue, lane, || {
-                self.shared
-                    .choose_in_turn(|| router.cluster().select(&router.balance, demand, &failed))
-            })
-            .await?;
-        if !waited.is_zero() {
-            metrics::QUEUE_WAIT.observe(waited.as_secs_f64());
-        }
-        ctx.take_slot(routed);
+        let (routed, waited) = self.line_up(ctx, &ctx.failed).await?;
+        took_turn(ctx, routed, waited);
         Ok(())
     }
 
-    /// Waits in line for a slot, or for the rejection that ends the wait.
-    async fn wait_in_line(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Stop> {
+    /// The waiting line's answer for this request: a slot on a peer not in `excluded`, and how
+    /// long it waited, or the rejection that ended the wait.
+    fn line_up<'a>(
+        &'a self,
+        ctx: &RequestCtx,
+        excluded: &'a [Arc<Peer>],
+    ) -> impl Future<Output = Result<(Routed, Duration), Rejection>> + 'a {
         let router = &self.router;
         let demand = *ctx.demand;
         // Each tenant waits in a lane of its own; without keys, everyone shares one.
         let lane = ctx.client.as_ref().map_or(0, |t| Arc::as_ptr(t) as u64);
-        let admit = router
+        router
             .load()
             .waiters()
-            .admit(self.settings.queue, lane, || {
+            .admit(self.settings.queue, lane, move || {
                 self.shared
-                    .choose_in_turn(|| router.cluster().select(&router.balance, demand, &[]))
-            });
+                    .choose_in_turn(|| router.cluster().select(&router.balance, demand, excluded))
+            })
+    }
+
+    /// Waits in line for a slot, or for the rejection that ends the wait.
+    async fn wait_in_line(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Stop> {
+        let admit = self.line_up(ctx, &[]);
         tokio::pin!(admit);
         // A client that leaves while it waits leaves the line at once, rather than being
         // admitted later and sent upstream. Only a request read to its end can be watched:
@@ -146,13 +144,7 @@ impl PrefixLb {
         };
         match admitted {
             Ok((routed, waited)) => {
-                if !waited.is_zero() {
-                    metrics::QUEUE_WAIT.observe(waited.as_secs_f64());
-                }
-                if let Some(trace) = ctx.trace.as_mut() {
-                    trace.waited(waited);
-                }
-                ctx.take_slot(routed);
+                took_turn(ctx, routed, waited);
                 Ok(())
             }
             Err(why) => {
@@ -163,4 +155,15 @@ impl PrefixLb {
             }
         }
     }
+}
+
+/// Takes the slot a wait in line gave, and counts the wait.
+fn took_turn(ctx: &mut RequestCtx, routed: Routed, waited: Duration) {
+    if !waited.is_zero() {
+        metrics::QUEUE_WAIT.observe(waited.as_secs_f64());
+    }
+    if let Some(trace) = ctx.trace.as_mut() {
+        trace.waited(waited);
+    }
+    ctx.take_slot(routed);
 }
