@@ -19,6 +19,7 @@ pub mod error;
 mod finish;
 mod forwarding;
 mod gate;
+mod idle;
 mod lb;
 mod models;
 pub mod peek;

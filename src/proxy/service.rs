@@ -16,6 +16,7 @@ use pingora::server::configuration::ServerConf;
 use pingora::server::ShutdownWatch;
 use pingora::services::listening::Service;
 
+use super::idle::IdleConnections;
 use crate::lifecycle::Activity;
 
 pub struct DrainingProxy<SV> {
@@ -59,7 +60,7 @@ pub fn proxy_service<SV>(
     proxy: SV,
     activity: Arc<Activity>,
     h2c: bool,
-) -> Service<DrainingProxy<SV>>
+) -> Service<IdleConnections<DrainingProxy<SV>>>
 where
     SV: ProxyHttp + Send + Sync + 'static,
     SV::CTX: Send + Sync,
@@ -71,5 +72,8 @@ where
         proxy.server_options = Some(options);
     }
     let inner = Arc::new(proxy);
-    Service::new("prefixlb proxy".into(), DrainingProxy { inner, activity })
+    Service::new(
+        "prefixlb proxy".into(),
+        IdleConnections::new(DrainingProxy { inner, activity }, h2c),
+    )
 }

@@ -1,0 +1,153 @@
+//! Plain HTTP/1 connections that cost only their socket while they wait for a request.
+//!
+//! Pingora builds a connection's next request (its proxy future, about 17 KB, and a 4 KiB head
+//! buffer) as soon as the previous one ends, and keeps them for as long as the client stays
+//! silent: most of what an idle keep-alive connection holds (`cargo bench --bench memory`).
+//! Here the connection's own loop waits for the request's first byte with nothing but the
+//! socket, and only then hands Pingora a session, that byte as the start of its head.
+//! TLS and HTTP/2 connections take Pingora's own loop: rustls may already hold a request the
+//! socket no longer shows, and an HTTP/2 connection is one session for all its streams.
+
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::BytesMut;
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::Stream;
+use pingora::server::ShutdownWatch;
+use tokio::io::AsyncReadExt;
+
+/// Pingora's own limits, kept: a new connection's first request must begin within its read
+/// timeout, a reused one's within its keep-alive timeout; both are 60 s.
+const IDLE_LIMIT: Duration = Duration::from_secs(60);
+/// The head buffer Pingora would have started with (`INIT_HEADER_BUF_SIZE`).
+const HEAD_BUFFER: usize = 4096;
+
+pub struct IdleConnections<A> {
+    app: Arc<A>,
+    h2c: bool,
+}
+
+impl<A> IdleConnections<A> {
+    pub fn new(app: A, h2c: bool) -> Self {
+        Self {
+            app: Arc::new(app),
+            h2c,
+        }
+    }
+}
+
+#[async_trait]
+impl<A> ServerApp for IdleConnections<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    async fn process_new(
+        self: &Arc<Self>,
+        mut stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        if self.h2c || stream.get_ssl_digest().is_some() {
+            return ServerApp::process_new(&self.app, stream, shutdown).await;
+        }
+        let mut carried: Option<HttpPersistentSettings> = None;
+        loop {
+            // Bytes the last request's read took past its end are this one's start: the client
+            // may send nothing more until they are answered.
+            let first = if carried.as_ref().is_some_and(holds_pipelined_bytes) {
+                None
+            } else {
+                Some(first_byte(&mut stream).await?)
+            };
+            let mut session = ServerSession::new_http1(stream);
+            match carried {
+                Some(settings) => settings.apply_to_session(&mut session),
+                // As Pingora starts a connection: no reuse once the drain has begun.
+                None => {
+                    let keepalive = (!*shutdown.borrow()).then_some(IDLE_LIMIT.as_secs());
+                    session.set_keepalive(keepalive);
+                    session.set_keepalive_reuses_remaining(
+                        self.app
+                            .server_options()
+                            .and_then(|o| o.keepalive_request_limit),
+                    );
+                }
+            }
+            if let Some(byte) = first {
+                let mut head = BytesMut::with_capacity(HEAD_BUFFER);
+                head.extend_from_slice(&[byte]);
+                session.set_pipelined_prefix(head);
+            }
+            let reused = self.app.process_new_http(session, shutdown).await?;
+            (stream, carried) = reused.consume();
+        }
+    }
+
+    async fn cleanup(&self) {
+        self.app.http_cleanup().await;
+    }
+}
+
+/// The request's first byte, read once the client sends it; `None` when it closes or stays
+/// silent past the limit.
+async fn first_byte(stream: &mut Stream) -> Option<u8> {
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(IDLE_LIMIT, stream.read(&mut byte)).await {
+        Ok(Ok(1)) => Some(byte[0]),
+        _ => None,
+    }
+}
+
+/// Whether Pingora carries bytes of the next request over to it. Its settings do not say so
+/// but in their `Debug` form, which this reads up to that field and no further;
+/// a test below and `tests/proxy.rs`'s pipelining test fail if that form changes.
+fn holds_pipelined_bytes(settings: &HttpPersistentSettings) -> bool {
+    let mut probe = FieldProbe::default();
+    // The probe stops the formatting once it knows.
+    let _ = write!(probe, "{settings:?}");
+    probe.found == Some(true)
+}
+
+#[derive(Default)]
+struct FieldProbe {
+    at_field: bool,
+    found: Option<bool>,
+}
+
+impl fmt::Write for FieldProbe {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        if self.at_field {
+            if s.trim_start_matches([':', ' ']).is_empty() {
+                return Ok(());
+            }
+            self.found = Some(s.starts_with("Some"));
+            return Err(fmt::Error);
+        }
+        self.at_field = s == "pipelined_prefix";
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pingora::protocols::l4::stream::Stream as L4Stream;
+
+    /// Pingora's own settings, as its proxy hands them over, with and without such bytes.
+    #[tokio::test]
+    async fn sees_the_bytes_pingora_carries_over() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut session = ServerSession::new_http1(Box::new(L4Stream::from(tcp)));
+        session.set_keepalive(Some(60));
+        let mut settings = HttpPersistentSettings::for_session(&session);
+        settings.set_user_context(Box::new(1u8));
+        assert!(!holds_pipelined_bytes(&settings));
+        settings.set_pipelined_prefix(BytesMut::from(&b"POST / HTTP/1.1"[..]));
+        assert!(holds_pipelined_bytes(&settings));
+    }
+}
