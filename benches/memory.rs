@@ -1,7 +1,10 @@
-//! What an open stream and an idle connection cost in memory, beside HAProxy and the bare
-//! Pingora proxy, in one run: 5,000 SSE streams held open through each proxy (an upstream that
-//! sends a token every 100 ms), then 8,000 idle keep-alive connections. The figure is the
-//! proxy's resident memory with them open, less its resident memory before.
+//! What an open stream and an idle connection cost in memory, beside HAProxy, the bare Pingora
+//! proxy (`examples/bare_proxy`, set up as prefixlb is), SMG 1.13 (`cache_aware`) and
+//! vllm-router 0.1.17 (`consistent_hash`), in one run: 5,000 SSE streams held open through each
+//! proxy (an upstream that sends a token every 100 ms), then 8,000 idle keep-alive connections.
+//! The figure is the proxy's resident memory with them open, less its resident memory before.
+//! SMG and vllm-router are Rust routers run inside a Python process: their resident memory at
+//! rest includes the interpreter's.
 //!
 //! `cargo bench --bench memory`
 
@@ -37,22 +40,37 @@ fn main() {
     runtime.block_on(bench());
 }
 
-/// The proxies, freshly started (one worker thread each): memory an allocator kept from one
-/// phase must not hide the next one's.
-async fn start_targets(
-    upstream: SocketAddr,
-) -> Vec<(&'static str, SocketAddr, u32, Box<dyn std::any::Any>)> {
-    let mut targets: Vec<(&'static str, SocketAddr, u32, Box<dyn std::any::Any>)> = Vec::new();
-    match start_haproxy(&[upstream], "roundrobin", false, 9_000, "").await {
-        Ok((addr, child)) => targets.push(("HAProxy", addr, child.child.id(), Box::new(child))),
-        Err(why) => println!("HAProxy: skipped ({why})"),
-    }
-    match start_bare(upstream, false).await {
-        Ok((addr, child)) => {
-            targets.push(("bare Pingora", addr, child.child.id(), Box::new(child)))
-        }
-        Err(why) => println!("bare Pingora: skipped ({why})"),
-    }
+type Target = (&'static str, SocketAddr, u32, Box<dyn std::any::Any>);
+
+/// The proxies, freshly started (one worker thread each, where the proxy lets it be set): memory
+/// an allocator kept from one phase must not hide the next one's. Those that cannot start are
+/// left out, and said so when `say_skipped`.
+async fn start_targets(upstream: SocketAddr, say_skipped: bool) -> Vec<Target> {
+    let mut targets: Vec<Target> = Vec::new();
+    let mut add = |name: &'static str, started: Result<(SocketAddr, Killed), String>| match started
+    {
+        Ok((addr, child)) => targets.push((name, addr, child.child.id(), Box::new(child))),
+        Err(why) if say_skipped => println!("{name}: skipped ({why})"),
+        Err(_) => {}
+    };
+    add(
+        "HAProxy",
+        start_haproxy(&[upstream], "roundrobin", false, 9_000, "").await,
+    );
+    add("bare Pingora", start_bare(upstream, false).await);
+    // SMG and vllm-router: their set-up and why in `benches/common/pypi_routers.rs`. Besides,
+    // SMG bounds the requests it holds (1,024 per core, at least 4,096, by default), and would
+    // refuse part of the 5,000 streams; 0 lifts the bound (`--max-concurrent-requests` help),
+    // as none of the other proxies here has one. vllm-router's default bound, 32,768, is above
+    // the streams.
+    add(
+        "SMG",
+        start_smg_in_front(upstream, false, &["--max-concurrent-requests", "0"]).await,
+    );
+    add(
+        "vllm-router",
+        start_vllm_router_in_front(upstream, false).await,
+    );
     let proxy = start_proxy_with(
         &TestConfig::new()
             .peers_at([upstream])
@@ -76,7 +94,7 @@ async fn bench() {
         "proxy", "RSS at rest", "RSS streams", "per stream", "RSS idle c.", "per idle c.", "errors"
     );
     let mut streams_rows = Vec::new();
-    for (name, addr, pid, _serving) in start_targets(upstream).await {
+    for (name, addr, pid, _serving) in start_targets(upstream, true).await {
         let before = rss(pid);
         let tokens = Arc::new(AtomicU64::new(0));
         let (streams, errors) = open_streams(addr, &tokens).await;
@@ -90,17 +108,20 @@ async fn bench() {
         }
         streams_rows.push((name, before, with_streams, errors));
     }
-    let mut idle_rows = Vec::new();
-    for (_, addr, pid, _serving) in start_targets(upstream).await {
+    let mut idle_rows = std::collections::HashMap::new();
+    for (name, addr, pid, _serving) in start_targets(upstream, false).await {
         let before = rss(pid);
         let idle = open_idle(addr).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        idle_rows.push((before, rss(pid), IDLE - idle.len()));
+        idle_rows.insert(name, (before, rss(pid), IDLE - idle.len()));
     }
     let per = |more: u64, base: u64, n: usize| more.saturating_sub(base) as f64 / n as f64 / 1024.0;
-    for ((name, before, with_streams, errors), (idle_before, with_idle, idle_errors)) in
-        streams_rows.into_iter().zip(idle_rows)
-    {
+    for (name, before, with_streams, errors) in streams_rows {
+        // A proxy that started for the streams and not again for the idle connections.
+        let Some(&(idle_before, with_idle, idle_errors)) = idle_rows.get(name) else {
+            println!("{name}: no idle-connection figures (it did not start again)");
+            continue;
+        };
         println!(
             "{:<14} {:>9.1} M {:>10.1} M {:>8.1} KiB {:>10.1} M {:>9.1} KiB {:>7}",
             name,
@@ -118,16 +139,20 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-/// An upstream whose every chat answer is an SSE stream of `TOKENS` tokens, `TOKEN_EVERY` apart,
-/// and which lists no models.
+/// An upstream whose every chat answer is an SSE stream of `TOKENS` tokens, `TOKEN_EVERY` apart.
+/// It answers what SMG and vllm-router ask of a worker before they take it: `/health`, and the
+/// model list (SMG sends a request only to a worker that listed the model it names).
 async fn streaming_upstream() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = axum::Router::new()
         .route(
             "/v1/models",
-            axum::routing::get(|| async { r#"{"object":"list","data":[]}"# }),
+            axum::routing::get(|| async {
+                r#"{"object":"list","data":[{"id":"m","object":"model","owned_by":"bench"}]}"#
+            }),
         )
+        .route("/health", axum::routing::get(|| async { "ok" }))
         .route(
             "/v1/chat/completions",
             post(|_body: axum::body::Bytes| async {

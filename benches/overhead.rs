@@ -1,13 +1,17 @@
 //! What prefixlb costs per request, beside the floor and the reference, in one run: the same
 //! closed-loop load (64 keep-alive connections, 64 distinct chat bodies) straight to a trivial
 //! upstream, through HAProxy (`roundrobin`), through a bare Pingora proxy (`examples/bare_proxy`:
-//! `upstream_peer` and nothing else) and through prefixlb (body peek, key, bounded selection,
-//! metrics, access log), for small bodies and for 32 KB ones. Then the same small-body load over
-//! TLS, HTTP/1.1 and HTTP/2 (by ALPN; 8 connections of 8 streams each, reused throughout),
-//! through HAProxy and prefixlb terminating it, with a certificate made for the run.
+//! `upstream_peer` and nothing else, set up as prefixlb is), through SMG 1.13 (`cache_aware`)
+//! and vllm-router 0.1.17 (`consistent_hash`), and through prefixlb (body peek, key, bounded
+//! selection, metrics, access log), for small bodies and for 32 KB ones. Then the same
+//! small-body load over TLS, HTTP/1.1 and HTTP/2 (by ALPN; 8 connections of 8 streams each,
+//! reused throughout), through HAProxy and prefixlb terminating it, with a certificate made for
+//! the run.
 //!
 //! The load generator runs on CPU 0; each proxy and the upstream share CPU 1, as a proxy with a
-//! core of its own would. Every proxy runs one worker thread and the same allocator.
+//! core of its own would. Every Pingora proxy runs one worker thread and the same allocator;
+//! HAProxy one thread; SMG and vllm-router their Tokio runtime's default, one worker thread per
+//! CPU they may run on (one, pinned). Every proxy's CPU time counts all its threads.
 //!
 //! `cargo bench --bench overhead`
 
@@ -17,7 +21,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use axum::routing::post;
+use axum::routing::{get, post};
 use bytes::BytesMut;
 use common::peers::*;
 use common::*;
@@ -29,6 +33,8 @@ const H2_CONNECTIONS: usize = 8;
 const RUN: Duration = Duration::from_secs(5);
 const ROUNDS: usize = 2;
 const UPSTREAM_ROLE: &str = "PREFIXLB_BENCH_UPSTREAM";
+/// The upstream's model list: the model every request names.
+const MODELS: &str = r#"{"object":"list","data":[{"id":"m","object":"model","owned_by":"bench"}]}"#;
 
 fn main() {
     if let Ok(addr) = std::env::var(UPSTREAM_ROLE) {
@@ -152,6 +158,16 @@ async fn bench(upstream: SocketAddr, pinned: bool) {
         start_haproxy(&[upstream], "roundrobin", pinned, 4096, "").await,
     ));
     plain.extend(started("bare Pingora", start_bare(upstream, pinned).await));
+    // The Rust routers from PyPI, each as its users run it for prefix reuse (their set-up and
+    // why: `benches/common/pypi_routers.rs`). Only plain HTTP: neither terminates TLS here.
+    plain.extend(started(
+        "SMG cache_aware",
+        start_smg_in_front(upstream, pinned, &[]).await,
+    ));
+    plain.extend(started(
+        "vllm-router consistent_hash",
+        start_vllm_router_in_front(upstream, pinned).await,
+    ));
     plain.push(start_prefixlb(
         "prefixlb",
         upstream,
@@ -261,8 +277,10 @@ fn report(label: &str, targets: &[Target], runs: &[Vec<Run>], direct: f64) {
         "\n{label}: {CONNECTIONS} requests in flight, closed loop, {} s runs, median of {ROUNDS}\n",
         RUN.as_secs()
     );
+    // The ratios are of req/s: each row's over HAProxy's and over the bare proxy's, and
+    // prefixlb's over each row's.
     println!(
-        "{:<20} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>8} {:>7}",
+        "{:<28} {:>9} {:>8} {:>8} {:>10} {:>10} {:>8} {:>8} {:>10} {:>7}",
         "target",
         "req/s",
         "p50 µs",
@@ -271,11 +289,13 @@ fn report(label: &str, targets: &[Target], runs: &[Vec<Run>], direct: f64) {
         "CPU µs/req",
         "vs HAP",
         "vs bare",
+        "prefixlb ×",
         "errors"
     );
     let rps = |i: usize| rps_of(&runs[i]);
     let find = |name: &str| targets.iter().position(|t| t.name.starts_with(name));
     let (haproxy, bare) = (find("HAProxy").map(rps), find("bare").map(rps));
+    let prefixlb = targets.iter().position(|t| t.name == "prefixlb");
     for (i, t) in targets.iter().enumerate() {
         let name = t.name;
         let r = &runs[i];
@@ -294,12 +314,16 @@ fn report(label: &str, targets: &[Target], runs: &[Vec<Run>], direct: f64) {
             })
             .collect();
         let ratio = |of: Option<f64>| of.map_or("-".into(), |o| format!("{:.2}", rps(i) / o));
+        let over_this = match prefixlb {
+            Some(p) if p != i => format!("{:.2}", rps(p) / rps(i)),
+            _ => "-".into(),
+        };
         let errors: usize = r.iter().map(|x| x.errors).sum();
         if let Some(e) = r.iter().find_map(|x| x.first_error.as_ref()) {
             eprintln!("{name}: first error: {e}");
         }
         println!(
-            "{:<20} {:>9.0} {:>8.0} {:>8.0} {:>10} {:>10} {:>8} {:>8} {:>7}",
+            "{:<28} {:>9.0} {:>8.0} {:>8.0} {:>10} {:>10} {:>8} {:>8} {:>10} {:>7}",
             name,
             rps(i),
             p(50.0),
@@ -316,6 +340,7 @@ fn report(label: &str, targets: &[Target], runs: &[Vec<Run>], direct: f64) {
             },
             ratio(haproxy),
             ratio(bare),
+            over_this,
             errors
         );
     }
@@ -599,6 +624,8 @@ async fn read_more(s: &mut Box<dyn Io>, buf: &mut BytesMut) -> Result<(), String
 
 /// A fast upstream: a fixed small completion, no model behind it. It reads the request body,
 /// as a real server does (one that leaves it unread closes the connection after answering).
+/// It answers what SMG and vllm-router ask of a worker before they take it: `/health`, and the
+/// model list (SMG sends a request only to a worker that listed the model it names).
 fn serve_upstream(addr: SocketAddr) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -607,10 +634,13 @@ fn serve_upstream(addr: SocketAddr) {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.expect("the upstream's port");
         let reply = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
-        let app = axum::Router::new().route(
-            "/v1/chat/completions",
-            post(move |_body: axum::body::Bytes| async move { reply }),
-        );
+        let app = axum::Router::new()
+            .route(
+                "/v1/chat/completions",
+                post(move |_body: axum::body::Bytes| async move { reply }),
+            )
+            .route("/health", get(|| async { "ok" }))
+            .route("/v1/models", get(|| async { MODELS }));
         axum::serve(listener, app).await.expect("the upstream serves");
     });
 }

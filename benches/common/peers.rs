@@ -1,6 +1,7 @@
 //! The processes a benchmark compares against, started as a user would run them: HAProxy (the
 //! Debian package, installed when missing and root), the bare Pingora proxy of
-//! `examples/bare_proxy.rs`; each can be pinned to the server CPU.
+//! `examples/bare_proxy.rs`, and the routers installed from PyPI (`pypi_routers.rs`); each can
+//! be pinned to the server CPU.
 
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
@@ -9,6 +10,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::support::{binary, free_addr};
+
+#[path = "pypi_routers.rs"]
+mod pypi_routers;
+// Not every bench that includes this module starts one of them.
+#[allow(unused_imports)]
+pub use pypi_routers::*;
 
 /// The CPU the load generator runs on; the proxies and upstreams run on [`SERVER_CPU`].
 pub const LOAD_CPU: usize = 0;
@@ -179,24 +186,22 @@ pub async fn start_bare(
     Ok((addr, child))
 }
 
-/// `examples/bare_proxy`, built in release beside this bench when it is not there yet.
+/// `examples/bare_proxy`, built in release beside this bench every time (cargo does nothing when
+/// it is up to date), so that the floor is never an older build than prefixlb.
 fn bare_proxy() -> Result<PathBuf, String> {
     let profile_dir = binary()
         .parent()
         .map(Path::to_path_buf)
         .ok_or("no target directory")?;
-    let example = profile_dir.join("examples").join("bare_proxy");
-    if !example.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--release", "--example", "bare_proxy"])
-            .status()
-            .map_err(|e| format!("cargo: {e}"))?;
-        if !status.success() {
-            return Err("cargo build --example bare_proxy failed".into());
-        }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "--release", "--example", "bare_proxy"])
+        .status()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !status.success() {
+        return Err("cargo build --release --example bare_proxy failed".into());
     }
-    Ok(example)
+    Ok(profile_dir.join("examples").join("bare_proxy"))
 }
 
 /// The program `name`, installed from the Debian package `package` when it is missing and this
@@ -233,168 +238,4 @@ fn find_or_install(name: &str, package: &str) -> Result<PathBuf, String> {
         apt(&["install", "-y", "-qq", package]);
     }
     found().ok_or_else(|| format!("{name} could not be installed with apt-get"))
-}
-
-/// The routers installed from PyPI, pinned to the versions compared.
-const PYTHON_ROUTERS: [&str; 2] = ["vllm-router==0.1.17", "sglang-router==0.3.2"];
-/// SMG, the successor of sglang-router, in a venv of its own: it pins dependencies of its own.
-const SMG: [&str; 1] = ["smg==1.13.0"];
-
-/// The `bin` directory of the virtual environment `name` beside the build, holding
-/// `packages` once `programs` are there; created and filled with pip on first use.
-fn venv(name: &str, packages: &[&str], programs: &[&str]) -> Result<PathBuf, String> {
-    let venv = binary()
-        .parent()
-        .and_then(Path::parent)
-        .map(|target| target.join(name))
-        .ok_or("no target directory")?;
-    let bin = venv.join("bin");
-    if programs.iter().all(|p| bin.join(p).is_file()) {
-        return Ok(bin);
-    }
-    println!(
-        "installing {} into {} (pip)...",
-        packages.join(", "),
-        venv.display()
-    );
-    let quiet = |c: &mut Command| c.stdout(Stdio::null()).status().is_ok_and(|s| s.success());
-    if !quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv)) {
-        return Err("python3 -m venv failed (is python3-venv installed?)".into());
-    }
-    if !quiet(
-        Command::new(bin.join("pip"))
-            .args(["install", "-q", "--disable-pip-version-check"])
-            .args(packages),
-    ) {
-        return Err(format!("pip could not install {}", packages.join(", ")));
-    }
-    Ok(bin)
-}
-
-fn python_routers() -> Result<PathBuf, String> {
-    venv(
-        "bench-venv",
-        &PYTHON_ROUTERS,
-        &["vllm-router", "sglang-router"],
-    )
-}
-
-/// vllm-router with `policy` in front of `workers`, once it says it is ready.
-pub async fn start_vllm_router(
-    workers: &[SocketAddr],
-    policy: &str,
-) -> Result<(SocketAddr, Killed), String> {
-    let mut command = Command::new(python_routers()?.join("vllm-router"));
-    // Its log level flag does not reach every line; RUST_LOG does.
-    command.env("RUST_LOG", "error");
-    start_python_router(command, workers, policy).await
-}
-
-/// A cache-aware router's spill gate scaled to GPUs of `slots` running requests: it leaves a
-/// request's cached GPU for the least loaded one when that GPU holds more than a full batch
-/// (`slots`) beyond the least loaded (sglang-router) or the fleet's mean (SMG), and 1.5 times
-/// as many. The default absolute threshold, 64 requests, is eight full batches on these GPUs:
-/// never reached before the hot GPU has queued far past its peers. SMG's docs advise lower
-/// thresholds for bursty traffic (docs/concepts/routing/cache-aware.md, "Balance Thresholds",
-/// which sglang-router shares: its `--balance-abs-threshold` help gives the same rule); the
-/// relative one stays at its documented 1.5.
-fn balance_thresholds(slots: usize) -> [String; 4] {
-    [
-        "--balance-abs-threshold".into(),
-        slots.to_string(),
-        "--balance-rel-threshold".into(),
-        "1.5".into(),
-    ]
-}
-
-/// sglang-router with `policy` in front of `workers` of `slots` running requests each, once
-/// it says it is ready.
-pub async fn start_sglang_router(
-    workers: &[SocketAddr],
-    policy: &str,
-    slots: usize,
-) -> Result<(SocketAddr, Killed), String> {
-    let mut command = Command::new(python_routers()?.join("python"));
-    command.args(["-m", "sglang_router.launch_router"]);
-    command.args(balance_thresholds(slots));
-    start_python_router(command, workers, policy).await
-}
-
-/// SMG 1.13 with `policy` in front of `workers` of `slots` running requests each, keeping a
-/// session on its worker by `sticky_header` when given; once it says it is ready. `loads`:
-/// whether the workers serve SGLang's `/v1/loads`.
-pub async fn start_smg(
-    workers: &[SocketAddr],
-    policy: &str,
-    slots: usize,
-    sticky_header: Option<&str>,
-    loads: bool,
-) -> Result<(SocketAddr, Killed), String> {
-    let mut command = Command::new(venv("smg-venv", &SMG, &["smg"])?.join("smg"));
-    command.arg("launch");
-    command.args(balance_thresholds(slots));
-    // prefix_hash's own gate: a worker this many requests over the mean (default 10, more
-    // than a GPU's whole batch here) and 1.25 times it is walked past on the ring; scaled
-    // to the slots as above (`--prefix-hash-balance-abs-threshold` help).
-    command.args(["--prefix-hash-balance-abs-threshold", &slots.to_string()]);
-    if loads {
-        // It polls each SGLang engine's `/v1/loads` (running, waiting, `token_usage`) for its
-        // overload protection (on by default: 8 waiting or 0.8 of the KV pool, a full batch
-        // here, kept) and its load-aware choices; every 10 s by default, longer than a turn
-        // of these runs, so every second.
-        command.args(["--load-monitor-interval", "1"]);
-    } else {
-        // Engines without `/v1/loads` (llama.cpp): nothing to poll, and overload protection,
-        // which reads only that page, switched off rather than fed nothing; SMG then balances
-        // on the requests it has in flight itself (`--disable-load-monitoring` help).
-        command.args([
-            "--disable-load-monitoring",
-            "--disable-worker-overload-protection",
-        ]);
-    }
-    command
-        // The simulator serves no tokenizer: SMG routes on the raw text, as it does over HTTP.
-        .arg("--disable-tokenizer-autoload");
-    if let Some(header) = sticky_header {
-        command.args(["--routing-key-override", "--routing-key-headers", header]);
-    }
-    start_python_router(command, workers, policy).await
-}
-
-async fn start_python_router(
-    mut command: Command,
-    workers: &[SocketAddr],
-    policy: &str,
-) -> Result<(SocketAddr, Killed), String> {
-    let (addr, metrics) = (free_addr(), free_addr());
-    command
-        .args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
-        .args(["--prometheus-host", "127.0.0.1"])
-        .args(["--prometheus-port", &metrics.port().to_string()])
-        .args(["--policy", policy, "--log-level", "error"])
-        // It checks its workers every 30 s at start by default.
-        .args(["--worker-startup-check-interval", "1"])
-        .arg("--worker-urls")
-        .args(workers.iter().map(|w| format!("http://{w}")));
-    let mut child = spawn_pinned(&mut command, false);
-    // The port may open before the workers are registered: /readiness says when they are.
-    let client = reqwest::Client::new();
-    let start = Instant::now();
-    loop {
-        let ready = client
-            .get(format!("http://{addr}/readiness"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success());
-        if ready {
-            return Ok((addr, child));
-        }
-        if let Ok(Some(status)) = child.child.try_wait() {
-            return Err(format!("exited at start ({status})"));
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            return Err(format!("not ready on {addr} after 30 s"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
