@@ -1,4 +1,4 @@
-//! The floor prefixlb is measured against in `benches/overhead.rs` and `benches/memory.rs`: a
+//! The floor prefixlb is measured against in `benches/overhead/` and `benches/memory.rs`: a
 //! Pingora proxy that only picks an upstream (round robin), built and set up as prefixlb is with
 //! its defaults: the allocator, the log level (`info`), Pingora's defaults prefixlb applies when
 //! `pingora.yaml` is silent (threads, fast-timer limit), the upstream timeouts, the client write
