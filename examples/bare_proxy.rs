@@ -9,13 +9,14 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Parser;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::prelude::*;
 use pingora::server::configuration::Opt;
+use prefixlb::server::pingora_defaults;
+use prefixlb::settings::ProxySettings;
 
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -33,6 +34,8 @@ struct Cli {
 struct Bare {
     upstreams: Vec<SocketAddr>,
     next: AtomicUsize,
+    /// prefixlb's defaults: the client write timeout and the upstream timeouts.
+    settings: ProxySettings,
 }
 
 #[async_trait]
@@ -42,21 +45,14 @@ impl ProxyHttp for Bare {
     fn new_ctx(&self) {}
 
     async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
-        // prefixlb's `proxy.client_write_timeout_ms` default.
-        session.set_write_timeout(Some(Duration::from_secs(30)));
+        session.set_write_timeout(Some(self.settings.client_write_timeout));
         Ok(false)
     }
 
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.upstreams.len();
         let mut peer = HttpPeer::new(self.upstreams[i], false, String::new());
-        // prefixlb's `upstream.*` defaults, set on its peers as here (src/proxy/upstream.rs).
-        let o = &mut peer.options;
-        o.connection_timeout = Some(Duration::from_secs(3));
-        o.total_connection_timeout = Some(Duration::from_secs(3));
-        o.read_timeout = Some(Duration::from_secs(600));
-        o.write_timeout = Some(Duration::from_secs(60));
-        o.idle_timeout = Some(Duration::from_secs(4));
+        self.settings.upstream.apply_to(&mut peer.options);
         Ok(Box::new(peer))
     }
 }
@@ -64,28 +60,17 @@ impl ProxyHttp for Bare {
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
-    let given: serde_yaml::Mapping = cli
-        .server
-        .conf
-        .as_deref()
-        .and_then(|conf| serde_yaml::from_str(&std::fs::read_to_string(conf).ok()?).ok())
-        .unwrap_or_default();
+    let file = cli.server.conf.clone();
     let mut server = Server::new(Some(cli.server)).expect("Pingora's settings");
-    // What prefixlb sets when Pingora's file is silent (src/server.rs): a worker thread per CPU,
-    // and timeouts over 5 s on Tokio's timer rather than Pingora's uncancellable fast one.
     let conf = Arc::get_mut(&mut server.configuration).expect("settings not shared yet");
-    if !given.contains_key("threads") {
-        conf.threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    }
-    if !given.contains_key("fast_timeout_to_tokio_threshold_seconds") {
-        conf.fast_timeout_to_tokio_threshold_seconds = Some(5);
-    }
+    pingora_defaults(file.as_deref(), conf);
     server.bootstrap();
     let mut proxy = pingora::proxy::http_proxy_service(
         &server.configuration,
         Bare {
             upstreams: cli.upstream,
             next: AtomicUsize::new(0),
+            settings: ProxySettings::default(),
         },
     );
     // As prefixlb's plain listeners: no L4 read buffer in front of Pingora's own header and

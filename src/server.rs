@@ -90,13 +90,10 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     for r in renamed {
         log::warn!("{}: {r}", lb_conf.display());
     }
-    let given = match &cli.server.conf {
-        Some(conf) => {
-            ServerConf::load_from_yaml(conf).map_err(|e| format!("{conf}: {e}"))?;
-            keys_set(conf)
-        }
-        None => serde_yaml::Mapping::new(),
-    };
+    let pingora_file = cli.server.conf.clone();
+    if let Some(conf) = &pingora_file {
+        ServerConf::load_from_yaml(conf).map_err(|e| format!("{conf}: {e}"))?;
+    }
     let router = Arc::new(Router::new(settings.router.clone(), &settings.peers));
     let mut source =
         crate::control::discovery::build(&settings.discovery, &lb_conf).map_err(|e| in_file(&e))?;
@@ -131,13 +128,7 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     let successor = cli.server.upgrade;
     let mut server = Server::new(Some(cli.server)).map_err(|e| e.to_string())?;
     if let Some(conf) = Arc::get_mut(&mut server.configuration) {
-        // Pingora's own default (1) does not fit most machines.
-        if !given.contains_key("threads") {
-            conf.threads = default_threads();
-        }
-        if !given.contains_key("fast_timeout_to_tokio_threshold_seconds") {
-            conf.fast_timeout_to_tokio_threshold_seconds = Some(FAST_TIMER_LIMIT_S);
-        }
+        pingora_defaults(pingora_file.as_deref(), conf);
     }
     let upgrade_sock = PathBuf::from(&server.configuration.upgrade_sock);
     let shared = Arc::new(SharedLoad::new(
@@ -340,12 +331,19 @@ impl Watching {
     }
 }
 
-/// The keys Pingora's file sets: prefixlb's defaults apply only to the others.
-fn keys_set(conf: &str) -> serde_yaml::Mapping {
-    std::fs::read_to_string(conf)
-        .ok()
+/// prefixlb's defaults for what Pingora's file `file` leaves out: a worker thread per CPU
+/// (Pingora's own default, 1, does not fit most machines) and the fast-timer limit below.
+pub fn pingora_defaults(file: Option<&str>, conf: &mut ServerConf) {
+    let given: serde_yaml::Mapping = file
+        .and_then(|f| std::fs::read_to_string(f).ok())
         .and_then(|text| serde_yaml::from_str(&text).ok())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if !given.contains_key("threads") {
+        conf.threads = default_threads();
+    }
+    if !given.contains_key("fast_timeout_to_tokio_threshold_seconds") {
+        conf.fast_timeout_to_tokio_threshold_seconds = Some(FAST_TIMER_LIMIT_S);
+    }
 }
 
 /// Longest timeout, in whole seconds, kept on Pingora's fast timer; longer ones go to Tokio's.

@@ -124,19 +124,24 @@ pub async fn start_smg(
         // Engines without `/v1/loads` (llama.cpp): nothing to poll, and overload protection,
         // which reads only that page, switched off rather than fed nothing; SMG then balances
         // on the requests it has in flight itself (`--disable-load-monitoring` help).
-        command.args([
-            "--disable-load-monitoring",
-            "--disable-worker-overload-protection",
-        ]);
+        command.args(NO_LOADS);
     }
-    command
-        // The simulator serves no tokenizer: SMG routes on the raw text, as it does over HTTP.
-        .arg("--disable-tokenizer-autoload");
+    // The simulator serves no tokenizer: SMG routes on the raw text, as it does over HTTP.
+    command.arg(NO_TOKENIZER);
     if let Some(header) = sticky_header {
         command.args(["--routing-key-override", "--routing-key-headers", header]);
     }
     start_python_router(command, workers, policy, false).await
 }
+
+/// SMG's flags for workers that serve no `/v1/loads`: no load polling, and no overload
+/// protection, which reads only that page.
+const NO_LOADS: [&str; 2] = [
+    "--disable-load-monitoring",
+    "--disable-worker-overload-protection",
+];
+/// SMG's flag for workers with no tokenizer to fetch.
+const NO_TOKENIZER: &str = "--disable-tokenizer-autoload";
 
 fn smg() -> Result<Command, String> {
     let mut command = Command::new(venv("smg-venv", &SMG, &["smg"])?.join("smg"));
@@ -158,12 +163,7 @@ pub async fn start_smg_in_front(
     args: &[&str],
 ) -> Result<(SocketAddr, Killed), String> {
     let mut command = smg()?;
-    command.args([
-        "--disable-load-monitoring",
-        "--disable-worker-overload-protection",
-        "--disable-tokenizer-autoload",
-    ]);
-    command.args(args);
+    command.args(NO_LOADS).arg(NO_TOKENIZER).args(args);
     start_python_router(command, &[upstream], "cache_aware", pinned).await
 }
 

@@ -18,11 +18,7 @@ impl PrefixLb {
     pub(crate) fn http_peer(&self, peer: &Peer) -> HttpPeer {
         let up = &self.settings.upstream;
         let mut http = crate::tls::http_peer(peer, &up.tls);
-        http.options.connection_timeout = Some(up.connect_timeout);
-        http.options.total_connection_timeout = Some(up.connect_timeout);
-        http.options.read_timeout = Some(up.read_timeout);
-        http.options.write_timeout = Some(up.write_timeout);
-        http.options.idle_timeout = Some(up.idle_timeout);
+        up.apply_to(&mut http.options);
         http
     }
 

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pingora::upstreams::peer::PeerOptions;
 use pingora::utils::tls::WrappedX509;
 use serde::Deserialize;
 
@@ -172,6 +173,17 @@ impl std::fmt::Debug for UpstreamTls {
             .field("ca_certificates", &self.ca.as_ref().map(|ca| ca.len()))
             .field("verify", &self.verify)
             .finish()
+    }
+}
+
+impl Upstream {
+    /// These timeouts on a connection to an engine.
+    pub fn apply_to(&self, options: &mut PeerOptions) {
+        options.connection_timeout = Some(self.connect_timeout);
+        options.total_connection_timeout = Some(self.connect_timeout);
+        options.read_timeout = Some(self.read_timeout);
+        options.write_timeout = Some(self.write_timeout);
+        options.idle_timeout = Some(self.idle_timeout);
     }
 }
 
