@@ -21,29 +21,39 @@ fn specs(n: usize) -> Vec<PeerSpec> {
         .collect()
 }
 
-/// Hash a 1 KiB prefix, walk the ring, check the bound, take and release the slot.
+/// Hash a 1 KiB prefix, walk the ring, check the bound, take and release the slot: under the
+/// default policy (`least_cost`, which prices the first peers and reads the prompt record) and
+/// under `bounded_consistent_hash`.
 fn decision(c: &mut Criterion) {
     let prefix: Vec<u8> = (0..1024u32).map(|i| b'a' + (i % 26) as u8).collect();
-    let balance = Balance::default();
     let mut group = c.benchmark_group("decision");
-    for n in [4usize, 16, 64, 256] {
+    let bounded = Balance {
+        policy: Policy::BoundedConsistentHash,
+        ..Balance::default()
+    };
+    let policies = [("least_cost", Balance::default()), ("bounded", bounded)];
+    for ((name, balance), n) in policies
+        .iter()
+        .flat_map(|p| [4usize, 16, 64, 256].map(|n| (p, n)))
+    {
         let cluster = Cluster::new(&specs(n), RingConfig::default());
         // A standing load, so the bound is computed against real numbers.
         let _standing: Vec<_> = (0..n as u64 * 2)
             .filter_map(|i| {
                 cluster
-                    .select(&balance, Some(i * 0x9e37_79b9_7f4a_7c15), &[])
+                    .select(balance, Some(i * 0x9e37_79b9_7f4a_7c15), &[])
                     .routed()
             })
             .collect();
         let mut salt = 0u64;
-        group.bench_with_input(BenchmarkId::new("bounded_1KiB_key", n), &n, |b, _| {
+        let id = BenchmarkId::new(format!("{name}_1KiB_key"), n);
+        group.bench_with_input(id, &n, |b, _| {
             b.iter(|| {
                 salt = salt.wrapping_add(1);
                 let mut enc = KeyEncoder::default();
                 enc.part(b'm', &salt.to_le_bytes());
                 enc.part(b'c', black_box(&prefix));
-                let routed = cluster.select(&balance, Some(enc.finish()), &[]);
+                let routed = cluster.select(balance, Some(enc.finish()), &[]);
                 black_box(routed)
             })
         });

@@ -38,6 +38,7 @@ pub struct Blocks {
 }
 
 impl Default for Blocks {
+    #[inline]
     fn default() -> Self {
         Self {
             hashes: [0; MAX_CUTS],
@@ -80,9 +81,16 @@ impl Blocks {
     /// A prompt known only by its key (a session header): one point, the key itself.
     pub fn of_key(hash: u64) -> Self {
         let mut b = Self::default();
-        b.push(hash, 0);
-        b.key = Some(0);
+        b.name_key(hash);
         b
+    }
+
+    /// Makes an empty chain [`Blocks::of_key`]'s, where it lies.
+    #[inline]
+    pub(crate) fn name_key(&mut self, hash: u64) {
+        debug_assert!(self.is_empty());
+        self.push(hash, 0);
+        self.key = Some(0);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -134,6 +142,7 @@ impl Blocks {
         self.len == 1 && self.key == Some(0) && self.bytes == 0
     }
 
+    #[inline]
     fn push(&mut self, hash: u64, end: u64) {
         let i = self.len();
         // 0 marks an empty entry of the record.

@@ -51,7 +51,6 @@ pub struct Slot {
     /// What the choice expected of a request that carries a prompt: only those time the peer
     /// (a model list answered at once would pull its means down).
     priced: Option<Priced>,
-    taken: Instant,
     /// When the first byte of the answer came.
     since: Option<Instant>,
     usage: Option<Usage>,
@@ -67,6 +66,10 @@ struct Priced {
     /// Whether the request had to wait for one of the engine's running slots: its first
     /// byte then says little of the prefill rate.
     queued: bool,
+    /// When the slot was priced, in the step that took it: the first byte is timed from then.
+    /// Read here, not when the slot is made, since only a priced slot is timed: the others
+    /// (every slot of the policies that price nothing) save a clock read a decision.
+    taken: Instant,
 }
 
 impl Slot {
@@ -75,7 +78,6 @@ impl Slot {
             peer: Arc::clone(peer),
             prefill: 0,
             priced: None,
-            taken: Instant::now(),
             since: None,
             usage: None,
         }
@@ -90,11 +92,21 @@ impl Slot {
         self.priced.is_some()
     }
 
+    /// When the choice priced it, if it did.
+    pub fn priced_at(&self) -> Option<Instant> {
+        self.priced.map(|p| p.taken)
+    }
+
     /// Counts the `tokens` of a `prompt_tokens` prompt that the peer, holding `hit` of it as
     /// far as the record knows, must prefill for this request, until [`Slot::prefilled`] or
     /// the end.
     pub fn expect_prefill(&mut self, prompt_tokens: u32, hit: f64, tokens: u64) {
-        let ahead = self.peer.prefill_queue.fetch_add(tokens, Ordering::Relaxed);
+        // Adding nothing (a prompt held whole, a key alone) needs no locked add.
+        let queue = &self.peer.prefill_queue;
+        let ahead = match tokens {
+            0 => queue.load(Ordering::Relaxed),
+            _ => queue.fetch_add(tokens, Ordering::Relaxed),
+        };
         let capacity = self.peer.capacity();
         self.prefill += tokens;
         self.priced = Some(Priced {
@@ -102,6 +114,7 @@ impl Slot {
             hit: hit as f32,
             ahead,
             queued: capacity > 0 && self.peer.load() > capacity,
+            taken: Instant::now(),
         });
     }
 
@@ -131,14 +144,16 @@ impl Slot {
 
     fn release_prefill(&mut self) {
         let tokens = std::mem::take(&mut self.prefill);
-        self.peer.prefill_queue.fetch_sub(tokens, Ordering::Relaxed);
+        if tokens > 0 {
+            self.peer.prefill_queue.fetch_sub(tokens, Ordering::Relaxed);
+        }
     }
 
     /// Teaches the peer's engine what this request showed of it.
     fn learn(&self, priced: &Priced, since: Instant) {
         let engine = &self.peer.engine;
         engine.record_decode(since.elapsed());
-        let ttfb = since - self.taken;
+        let ttfb = since - priced.taken;
         if priced.queued || ttfb < MIN_SAMPLE {
             return;
         }
@@ -273,7 +288,9 @@ mod tests {
             let mut slot = p.take();
             slot.expect_prefill(tokens, 0.0, u64::from(tokens));
             let ttfb = Duration::from_secs_f64(0.005 + f64::from(tokens) / 20_000.0);
-            slot.taken = Instant::now() - ttfb;
+            if let Some(priced) = &mut slot.priced {
+                priced.taken = Instant::now() - ttfb;
+            }
             slot.prefilled();
         }
         let rate = p.engine.prefill_rate().unwrap();

@@ -4,6 +4,7 @@
 //! does not move keys.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::balance::{Balance, BoundInputs};
 use super::decision::{Decision, Demand, Route, Routed};
@@ -11,6 +12,7 @@ use super::view::View;
 use crate::routing::cost::{Pricing, MAX_CANDIDATES};
 use crate::routing::peer::Peer;
 use crate::routing::record::Holdings;
+use crate::routing::slot::Slot;
 
 /// Prices the first usable peers of the key's walk and the peers that hold part of the
 /// prompt lately (and, for a new conversation on a shared prefix, the least loaded peer,
@@ -97,11 +99,13 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     }
     let priced = &mut priced[..n];
     priced.sort_unstable_by_key(|&(cost, _, place, _)| (cost, place != home, place));
-    let record = |peer: &Peer, moved: bool| {
+    let record = |slot: &Slot, moved: bool| {
         // A key without its prompt that stays home, as most do, is left out: what the
         // record would say of it, the ring says already.
         if moved || !held.is_empty() || !demand.blocks.key_only() {
-            view.record.record(&demand.blocks, peer.serial());
+            let at = slot.priced_at().unwrap_or_else(Instant::now);
+            view.record
+                .record_at(&demand.blocks, slot.peer().serial(), at);
         }
     };
     for &(_, idx, place, hit) in priced.iter() {
@@ -128,7 +132,7 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
             _ if hit > 0.0 => Route::Replica,
             _ => Route::Overflow,
         };
-        record(peer, place > 0);
+        record(&slot, place > 0);
         return Decision::Routed(Routed { slot, route, steps });
     }
     let take = |p: &Arc<Peer>| {
@@ -138,7 +142,7 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
             0.0,
             balance.cost.uncached(prompt_tokens, 0.0),
         );
-        record(p, true);
+        record(&slot, true);
         Some(slot)
     };
     let seen = priced.len() as u32;

@@ -131,9 +131,16 @@ impl PrefixRecord {
     }
 
     fn now(&self) -> u32 {
+        self.tick(Instant::now())
+    }
+
+    /// The tick of `at`.
+    fn tick(&self, at: Instant) -> u32 {
+        let age = at.saturating_duration_since(self.born);
+        // `as_millis() / 100`, without its division of a u128 (a call, on every record).
+        let ticks = age.as_secs().saturating_mul(10) + u64::from(age.subsec_millis() / 100);
         // Tick 0 would read as "never served": the clock starts at 1.
-        let ticks = self.born.elapsed().as_millis() / 100;
-        ticks.min(u128::from(u32::MAX - 1)) as u32 + 1
+        ticks.min(u64::from(u32::MAX - 1)) as u32 + 1
     }
 
     /// How much of the prompt named by `blocks` each peer that served part of it lately holds.
@@ -149,10 +156,18 @@ impl PrefixRecord {
     /// Notes that `peer` serves the prompt named by `blocks` now, and tells the other
     /// processes when sharing.
     pub fn record(&self, blocks: &Blocks, peer: u32) {
+        if !blocks.is_empty() {
+            self.record_at(blocks, peer, Instant::now());
+        }
+    }
+
+    /// [`PrefixRecord::record`] as of `at`: a decision that read the clock for its slot reads
+    /// it once.
+    pub fn record_at(&self, blocks: &Blocks, peer: u32, at: Instant) {
         if blocks.is_empty() {
             return;
         }
-        self.record_heard(blocks.hashes(), peer);
+        self.note(blocks.hashes(), peer, self.tick(at));
         if let Some(outbox) = self.outbox.get() {
             let served = Served {
                 blocks: *blocks,
@@ -168,9 +183,13 @@ impl PrefixRecord {
     /// first), without telling the other processes: what one of them told this one (and the
     /// recording half of [`PrefixRecord::record`]).
     pub fn record_heard(&self, hashes: &[u64], peer: u32) {
+        self.note(hashes, peer, self.now());
+    }
+
+    fn note(&self, hashes: &[u64], peer: u32, now: u32) {
         // What is served after a forget counts from the tick after it, which the forget's
         // own tick does not reach (see the table's `Entry::fresh`).
-        let now = self.now().max(self.floor.load(Ordering::Relaxed) + 1);
+        let now = now.max(self.floor.load(Ordering::Relaxed) + 1);
         self.table.record(hashes, peer, now);
     }
 

@@ -3,6 +3,10 @@
 //! the fewest recent prompts touched (least recently used, by a stamp per recorded prompt), so
 //! however many prompts pass, its memory does not grow.
 //!
+//! A set keeps its four names in its first cache line and each entry's ways in a line of their
+//! own: most lookups are of blocks the set does not hold (every new conversation's), and they
+//! read one line, where entries stored whole spread the names over four.
+//!
 //! Entries are plain atomics without a lock, so two prompts racing for one entry may leave it
 //! mixed: the worst outcome is one request priced as warm that was not.
 
@@ -16,18 +20,27 @@ pub const WAYS: usize = 8;
 const SET: usize = 4;
 
 #[derive(Debug, Default)]
-pub struct Entry {
-    key: AtomicU64,
-    /// Each way packs a peer serial (high half) and the tick it last served the block (low).
-    ways: [AtomicU64; WAYS],
-    /// The stamp of the prompt that last served the block: the order a set evicts in, finer
-    /// than the ticks.
-    touched: AtomicU32,
+#[repr(C, align(64))]
+struct Set {
+    /// The entries' block names.
+    keys: [AtomicU64; SET],
+    /// The stamp of the prompt that last served each entry's block: the order a set evicts
+    /// in, finer than the ticks.
+    touched: [AtomicU32; SET],
+    ways: [WayLine; SET],
 }
 
+/// One entry's ways: each packs a peer serial (high half) and the tick it last served the
+/// block (low).
 #[derive(Debug, Default)]
-struct Set {
-    entries: [Entry; SET],
+#[repr(align(64))]
+struct WayLine([AtomicU64; WAYS]);
+
+/// One entry of a set: a block's name, its ways and its stamp.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'t> {
+    set: &'t Set,
+    i: usize,
 }
 
 /// The fresh ways of one entry, as read at one moment: (serial, tick).
@@ -41,13 +54,25 @@ pub struct Window {
     pub warm: u32,
 }
 
-impl Entry {
+impl<'t> Entry<'t> {
+    fn key(self) -> &'t AtomicU64 {
+        &self.set.keys[self.i]
+    }
+
+    fn ways(self) -> &'t [AtomicU64; WAYS] {
+        &self.set.ways[self.i].0
+    }
+
+    fn touched(self) -> &'t AtomicU32 {
+        &self.set.touched[self.i]
+    }
+
     /// The ways served within `window`; the others read as empty. A way stamped with the very
     /// tick of a forget predates it: the record stamps later ones with the next tick.
     #[inline]
-    pub fn fresh(&self, window: Window) -> Ways {
+    pub fn fresh(self, window: Window) -> Ways {
         let mut out = Ways::default();
-        for (w, o) in self.ways.iter().zip(&mut out) {
+        for (w, o) in self.ways().iter().zip(&mut out) {
             let (serial, seen) = unpack(w.load(Ordering::Relaxed));
             if serial != 0 && seen > window.floor && window.now.saturating_sub(seen) < window.warm {
                 *o = (serial, seen);
@@ -65,6 +90,9 @@ pub fn named(ways: &Ways, serial: u32) -> bool {
 #[derive(Debug)]
 pub struct Table {
     sets: Box<[Set]>,
+    /// `u64::MAX / sets + 1`, for Lemire's remainder (a set found with two multiplications,
+    /// where `%` divides); `None` past 2^32 sets, where it is not exact.
+    fastmod: Option<u64>,
     used: AtomicU64,
     evictions: AtomicU64,
     /// Counts recorded prompts, wrapping: each stamps the entries it touches.
@@ -77,6 +105,9 @@ impl Table {
         let n = (bytes / std::mem::size_of::<Set>()).max(1);
         Self {
             sets: std::iter::repeat_with(Set::default).take(n).collect(),
+            fastmod: u32::try_from(n)
+                .ok()
+                .map(|n| (u64::MAX / u64::from(n)).wrapping_add(1)),
             used: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             stamps: AtomicU32::new(0),
@@ -105,15 +136,24 @@ impl Table {
     #[inline]
     fn set(&self, hash: u64) -> &Set {
         // Names are Murmur3 hashes: their high bits are as good as any and not the ring's.
-        &self.sets[((hash >> 32) % self.sets.len() as u64) as usize]
+        let high = hash >> 32;
+        let len = self.sets.len() as u64;
+        let i = match self.fastmod {
+            // (Lemire, Kaser and Kurz, 2019): exact for a 32-bit dividend and divisor.
+            Some(m) => ((u128::from(m.wrapping_mul(high)) * u128::from(len)) >> 64) as u64,
+            None => high % len,
+        };
+        &self.sets[i as usize]
     }
 
     #[inline]
-    pub fn find(&self, hash: u64) -> Option<&Entry> {
-        self.set(hash)
-            .entries
+    pub fn find(&self, hash: u64) -> Option<Entry<'_>> {
+        let set = self.set(hash);
+        let i = set
+            .keys
             .iter()
-            .find(|e| e.key.load(Ordering::Relaxed) == hash)
+            .position(|k| k.load(Ordering::Relaxed) == hash)?;
+        Some(Entry { set, i })
     }
 
     /// Notes that `peer` served the blocks named `hashes` at tick `now`, as one prompt.
@@ -128,33 +168,32 @@ impl Table {
     }
 
     #[inline]
-    fn entry_for(&self, hash: u64, stamp: u32) -> &Entry {
+    fn entry_for(&self, hash: u64, stamp: u32) -> Entry<'_> {
         if let Some(e) = self.find(hash) {
-            e.touched.store(stamp, Ordering::Relaxed);
+            e.touched().store(stamp, Ordering::Relaxed);
             return e;
         }
         let set = self.set(hash);
-        for e in &set.entries {
-            if e.key
+        let entries = (0..SET).map(|i| Entry { set, i });
+        for e in entries.clone() {
+            if e.key()
                 .compare_exchange(0, hash, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
             {
                 self.used.fetch_add(1, Ordering::Relaxed);
-                e.touched.store(stamp, Ordering::Relaxed);
+                e.touched().store(stamp, Ordering::Relaxed);
                 return e;
             }
         }
         // The entry served longest ago makes room.
-        let age = |e: &Entry| stamp.wrapping_sub(e.touched.load(Ordering::Relaxed));
-        let e = set
-            .entries
-            .iter()
+        let age = |e: &Entry| stamp.wrapping_sub(e.touched().load(Ordering::Relaxed));
+        let e = entries
             .max_by_key(|e| age(e))
-            .unwrap_or(&set.entries[0]);
-        e.touched.store(stamp, Ordering::Relaxed);
-        e.key.store(hash, Ordering::Relaxed);
+            .unwrap_or(Entry { set, i: 0 });
+        e.touched().store(stamp, Ordering::Relaxed);
+        e.key().store(hash, Ordering::Relaxed);
         // Its peers held another block, not this one.
-        for w in &e.ways {
+        for w in e.ways() {
             w.store(0, Ordering::Relaxed);
         }
         self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -168,7 +207,7 @@ impl Table {
         // oldest of all).
         let mut target = 0;
         let mut oldest = u32::MAX;
-        for (i, w) in e.ways.iter().enumerate() {
+        for (i, w) in e.ways().iter().enumerate() {
             let (serial, seen) = unpack(w.load(Ordering::Relaxed));
             if serial == peer {
                 target = i;
@@ -179,7 +218,7 @@ impl Table {
                 target = i;
             }
         }
-        e.ways[target].store(pack(peer, now), Ordering::Relaxed);
+        e.ways()[target].store(pack(peer, now), Ordering::Relaxed);
     }
 }
 
@@ -187,7 +226,7 @@ impl Table {
     /// Forgets that `peer` served the block named `hash`, if it is still here.
     pub fn forget_way(&self, hash: u64, peer: u32) {
         let Some(e) = self.find(hash) else { return };
-        for w in &e.ways {
+        for w in e.ways() {
             let way = w.load(Ordering::Relaxed);
             if unpack(way).0 == peer {
                 // Lost to a racing prompt that served the block again: then it is held.
@@ -242,6 +281,8 @@ mod tests {
         let r = Table::with_bytes(16 << 20);
         let (bytes, capacity) = (r.bytes(), r.capacity());
         assert!(bytes <= 16 << 20 && bytes > 15 << 20, "{bytes}");
-        assert_eq!(capacity * std::mem::size_of::<Entry>() as u64, bytes);
+        assert_eq!(capacity * (std::mem::size_of::<Set>() / SET) as u64, bytes);
+        // As many entries as when each entry held its name, ways and stamp whole (80 bytes).
+        assert_eq!(std::mem::size_of::<Set>(), 80 * SET);
     }
 }
