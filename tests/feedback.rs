@@ -9,7 +9,7 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +26,9 @@ struct Cache {
     prompts: Mutex<Vec<String>>,
     /// Drops everything it holds before the next request, once.
     evict: AtomicBool,
+    /// The prompt and cached tokens its usage reports said, summed.
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
 }
 
 struct Engine {
@@ -69,6 +72,12 @@ async fn answer(State(cache): State<Arc<Cache>>, body: axum::Json<Value>) -> imp
         best
     };
     let (tokens, cached) = (text.len() / 4, cached_chars / 4);
+    cache
+        .prompt_tokens
+        .fetch_add(tokens as u64, Ordering::Relaxed);
+    cache
+        .cached_tokens
+        .fetch_add(cached as u64, Ordering::Relaxed);
     let prefill = (tokens - cached) as f64 / RATE;
     tokio::time::sleep(Duration::from_secs_f64(0.01 + prefill)).await;
     axum::Json(json!({
@@ -188,7 +197,15 @@ async fn an_engine_that_evicted_a_conversation_gets_its_next_turn_priced_cold() 
     let (evicted, kept) = (predicted_third[0], predicted_third[1]);
     assert!(evicted < 0.3, "evicted conversation predicted {evicted}");
     assert!(kept > 0.5, "kept conversation predicted {kept}");
-    // What the engines reported is what prefixlb counted.
-    let reported = total(&proxy, REPORTED).await;
-    assert!(reported > 0.0);
+    // What the engines reported is what prefixlb counted, token for token.
+    let said = |count: fn(&Cache) -> &AtomicU64| {
+        [&a, &b]
+            .iter()
+            .map(|e| count(&e.cache).load(Ordering::Relaxed) as f64)
+            .sum::<f64>()
+    };
+    let reported = said(|c| &c.cached_tokens);
+    assert!(reported > 0.0, "the kept conversation's turns were cached");
+    assert_eq!(total(&proxy, REPORTED).await, reported);
+    assert_eq!(total(&proxy, PROMPT).await, said(|c| &c.prompt_tokens));
 }
