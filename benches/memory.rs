@@ -2,11 +2,12 @@
 //! proxy (`examples/bare_proxy`, set up as prefixlb is), SMG 1.13 (`cache_aware`) and
 //! vllm-router 0.1.17 (`consistent_hash`), in one run: 5,000 SSE streams held open through each
 //! proxy (an upstream that sends a token every 100 ms), then 8,000 idle keep-alive connections.
+//! HAProxy and prefixlb again terminating TLS (HTTP/1.1, a certificate made for the run).
 //! The figure is the proxy's resident memory with them open, less its resident memory before.
 //! SMG and vllm-router are Rust routers run inside a Python process: their resident memory at
 //! rest includes the interpreter's.
 //!
-//! `cargo bench --bench memory`
+//! `cargo bench --bench memory [-- NAME]`: NAME keeps only the proxies whose name contains it.
 
 mod common;
 
@@ -19,9 +20,10 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::routing::post;
 use common::peers::*;
+use common::tls::{make_certs, open, Certs};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 
 const STREAMS: usize = 5_000;
 /// As many as fit under this machine's 20,000 descriptors per process, each proxy holding one
@@ -40,51 +42,108 @@ fn main() {
     runtime.block_on(bench());
 }
 
-type Target = (&'static str, SocketAddr, u32, Box<dyn std::any::Any>);
+struct Target {
+    name: &'static str,
+    addr: SocketAddr,
+    pid: u32,
+    /// How its clients connect over TLS; `None`: in the clear.
+    tls: Option<TlsConnector>,
+    _serving: Box<dyn std::any::Any>,
+}
 
 /// The proxies, freshly started (one worker thread each, where the proxy lets it be set): memory
 /// an allocator kept from one phase must not hide the next one's. Those that cannot start are
 /// left out, and said so when `say_skipped`.
-async fn start_targets(upstream: SocketAddr, say_skipped: bool) -> Vec<Target> {
+async fn start_targets(upstream: SocketAddr, certs: &Certs, say_skipped: bool) -> Vec<Target> {
     let mut targets: Vec<Target> = Vec::new();
-    let mut add = |name: &'static str, started: Result<(SocketAddr, Killed), String>| match started
-    {
-        Ok((addr, child)) => targets.push((name, addr, child.child.id(), Box::new(child))),
-        Err(why) if say_skipped => println!("{name}: skipped ({why})"),
-        Err(_) => {}
-    };
-    add(
-        "HAProxy",
-        start_haproxy(&[upstream], "roundrobin", false, 9_000, "").await,
-    );
-    add("bare Pingora", start_bare(upstream, false).await);
+    // No ALPN offered: HTTP/1.1, as most API clients speak it.
+    let client = tls_connector(&certs.ca_pem, &[]);
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    type Starting<'a> = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(SocketAddr, Killed), String>> + 'a>,
+    >;
+    let crt = format!("ssl crt {} alpn http/1.1", certs.combined.display());
+    let upstreams = [upstream];
     // SMG and vllm-router: their set-up and why in `benches/common/pypi_routers.rs`. Besides,
     // SMG bounds the requests it holds (1,024 per core, at least 4,096, by default), and would
     // refuse part of the 5,000 streams; 0 lifts the bound (`--max-concurrent-requests` help),
     // as none of the other proxies here has one. vllm-router's default bound, 32,768, is above
     // the streams.
-    add(
-        "SMG",
-        start_smg_in_front(upstream, false, &["--max-concurrent-requests", "0"]).await,
-    );
-    add(
-        "vllm-router",
-        start_vllm_router_in_front(upstream, false).await,
-    );
-    let proxy = start_proxy_with(
-        &TestConfig::new()
-            .peers_at([upstream])
-            .no_health_check()
-            .access_log("off"),
-        &PingoraConfig::new().threads(1),
-    )
-    .await;
-    targets.push(("prefixlb", proxy.addr, proxy.pid(), Box::new(proxy)));
+    let peers: [(&'static str, bool, Starting); 5] = [
+        (
+            "HAProxy",
+            false,
+            Box::pin(start_haproxy(&upstreams, "roundrobin", false, 9_000, "")),
+        ),
+        (
+            "HAProxy TLS",
+            true,
+            Box::pin(start_haproxy(&upstreams, "roundrobin", false, 9_000, &crt)),
+        ),
+        ("bare Pingora", false, Box::pin(start_bare(upstream, false))),
+        (
+            "SMG",
+            false,
+            Box::pin(start_smg_in_front(
+                upstream,
+                false,
+                &["--max-concurrent-requests", "0"],
+            )),
+        ),
+        (
+            "vllm-router",
+            false,
+            Box::pin(start_vllm_router_in_front(upstream, false)),
+        ),
+    ];
+    // Futures do nothing until awaited: a peer left out by the filter never starts.
+    for (name, tls, starting) in peers {
+        if !wanted(name) {
+            continue;
+        }
+        match starting.await {
+            Ok((addr, child)) => targets.push(Target {
+                name,
+                addr,
+                pid: child.child.id(),
+                tls: tls.then(|| client.clone()),
+                _serving: Box::new(child),
+            }),
+            Err(why) if say_skipped => println!("{name}: skipped ({why})"),
+            Err(_) => {}
+        }
+    }
+    let config = TestConfig::new()
+        .peers_at([upstream])
+        .no_health_check()
+        .access_log("off");
+    for (name, config, tls) in [
+        ("prefixlb", config.clone(), None),
+        (
+            "prefixlb TLS",
+            config.listen_tls(&certs.cert, &certs.key),
+            Some(client.clone()),
+        ),
+    ] {
+        if !wanted(name) {
+            continue;
+        }
+        let proxy = start_proxy_with(&config, &PingoraConfig::new().threads(1)).await;
+        targets.push(Target {
+            name,
+            addr: proxy.addr,
+            pid: proxy.pid(),
+            tls,
+            _serving: Box::new(proxy),
+        });
+    }
     targets
 }
 
 async fn bench() {
     let upstream = streaming_upstream().await;
+    let certs = make_certs();
     println!(
         "\n{STREAMS} SSE streams (a token every {} ms), and {IDLE} idle keep-alive connections, each on a fresh process\n",
         TOKEN_EVERY.as_millis()
@@ -94,10 +153,11 @@ async fn bench() {
         "proxy", "RSS at rest", "RSS streams", "per stream", "RSS idle c.", "per idle c.", "errors"
     );
     let mut streams_rows = Vec::new();
-    for (name, addr, pid, _serving) in start_targets(upstream, true).await {
+    for t in start_targets(upstream, &certs, true).await {
+        let (name, pid) = (t.name, t.pid);
         let before = rss(pid);
         let tokens = Arc::new(AtomicU64::new(0));
-        let (streams, errors) = open_streams(addr, &tokens).await;
+        let (streams, errors) = open_streams(t.addr, t.tls.as_ref(), &tokens).await;
         // Every stream is flowing: each has had a few tokens.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let flowing = tokens.load(Ordering::Relaxed);
@@ -109,11 +169,11 @@ async fn bench() {
         streams_rows.push((name, before, with_streams, errors));
     }
     let mut idle_rows = std::collections::HashMap::new();
-    for (name, addr, pid, _serving) in start_targets(upstream, false).await {
-        let before = rss(pid);
-        let idle = open_idle(addr).await;
+    for t in start_targets(upstream, &certs, false).await {
+        let before = rss(t.pid);
+        let idle = open_idle(t.addr, t.tls.as_ref()).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        idle_rows.insert(name, (before, rss(pid), IDLE - idle.len()));
+        idle_rows.insert(t.name, (before, rss(t.pid), IDLE - idle.len()));
     }
     let per = |more: u64, base: u64, n: usize| more.saturating_sub(base) as f64 / n as f64 / 1024.0;
     for (name, before, with_streams, errors) in streams_rows {
@@ -196,10 +256,14 @@ impl Drop for Streams {
 }
 
 /// Opens `STREAMS` streams, each read by a task that counts the tokens.
-async fn open_streams(addr: SocketAddr, tokens: &Arc<AtomicU64>) -> (Streams, usize) {
+async fn open_streams(
+    addr: SocketAddr,
+    tls: Option<&TlsConnector>,
+    tokens: &Arc<AtomicU64>,
+) -> (Streams, usize) {
     let (mut streams, mut errors) = (Vec::with_capacity(STREAMS), 0);
     for i in 0..STREAMS {
-        let mut s = match TcpStream::connect(addr).await {
+        let mut s = match open(addr, tls).await {
             Ok(s) => s,
             Err(_) => {
                 errors += 1;
@@ -223,10 +287,10 @@ async fn open_streams(addr: SocketAddr, tokens: &Arc<AtomicU64>) -> (Streams, us
 }
 
 /// `IDLE` keep-alive connections, each idle after one short request (a model list).
-async fn open_idle(addr: SocketAddr) -> Vec<TcpStream> {
+async fn open_idle(addr: SocketAddr, tls: Option<&TlsConnector>) -> Vec<Box<dyn common::tls::Io>> {
     let mut idle = Vec::with_capacity(IDLE);
     for _ in 0..IDLE {
-        let Ok(mut s) = TcpStream::connect(addr).await else {
+        let Ok(mut s) = open(addr, tls).await else {
             continue;
         };
         let asked = s

@@ -172,21 +172,21 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
     );
     for listener in &settings.listen {
         let addr = listener.addr.to_string();
+        // Pingora reads a request's head and body into buffers of its own, and rustls into its
+        // record buffer: a read buffer in front of them (64 KiB by default) only copies, and
+        // keeps pages of every open connection (`cargo bench --bench memory`).
+        let config =
+            ListenerConfig::tcp(addr.as_str()).l4_buffer(L4BufferSettings::default().read(0));
         match (&listener.tls, watching.certs.remove(&listener.addr)) {
             (Some(files), Some(cert)) => {
                 let tls = cert
                     .store
                     .listener_settings(files)
                     .map_err(|e| e.to_string())?;
-                proxy.add_tls_with_settings(&addr, None, tls);
+                proxy.add_listener(config.tls(tls));
                 watched.push(Box::new(cert));
             }
-            // Pingora reads a request's head and body into buffers of its own; a read buffer in
-            // front of them (64 KiB by default) only copies, and keeps pages of every open
-            // connection (`cargo bench --bench memory`). TLS keeps it: rustls reads in records.
-            (None, _) => proxy.add_listener(
-                ListenerConfig::tcp(addr).l4_buffer(L4BufferSettings::default().read(0)),
-            ),
+            (None, _) => proxy.add_listener(config),
             (Some(_), None) => {
                 return Err(format!("listener {addr}: its certificate was not read"))
             }

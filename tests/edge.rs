@@ -171,6 +171,66 @@ async fn tls_listener_serves_http1_and_http2_with_streams_and_large_bodies() {
     proxy.assert_idle().await;
 }
 
+/// Over TLS without ALPN (HTTP/1.1), a connection waits for its next request outside Pingora;
+/// requests written back to back arrive in one TLS record, so all but the first are held by
+/// rustls, not the socket: each is still answered, in order, and a later one after a pause.
+#[tokio::test]
+async fn tls_requests_back_to_back_and_after_a_pause_are_answered_in_order() {
+    let up = start_upstream("a").await;
+    let pki = Pki::new("test ca");
+    let certs = tempfile::tempdir().unwrap();
+    let (_, _, listen) = tls_listener(certs.path(), &pki);
+    let proxy = start_proxy(&listen.peers(&[&up]).no_health_check()).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let mut tls = tls_connector(&pki.ca_pem(), &[])
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let bodies: Vec<String> = (0..4)
+        .map(|i| chat("s", &format!("back to back {i}"), 1, false))
+        .collect();
+    let request = |body: &str, last: bool| {
+        let close = if last { "Connection: close\r\n" } else { "" };
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{close}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let three: String = bodies[..3].iter().map(|b| request(b, false)).collect();
+    tls.write_all(three.as_bytes()).await.unwrap();
+    // The three answered before the fourth is sent: the connection then sits idle.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    while String::from_utf8_lossy(&got)
+        .matches("HTTP/1.1 200")
+        .count()
+        < 3
+    {
+        let n = tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf))
+            .await
+            .expect("three answers in time")
+            .unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tls.write_all(request(&bodies[3], true).as_bytes())
+        .await
+        .unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut got)).await;
+    let got = String::from_utf8_lossy(&got);
+    assert_eq!(got.matches("HTTP/1.1 200").count(), 4, "{got}");
+    let at: Vec<usize> = bodies
+        .iter()
+        .map(|b| {
+            got.find(&sha256_hex(b.as_bytes()))
+                .expect("an answer per request")
+        })
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "out of order: {got}");
+    proxy.assert_idle().await;
+}
+
 #[tokio::test]
 async fn an_http2_body_is_replayed_intact_to_the_next_peer_after_a_failed_connect() {
     let up = start_upstream("a").await;

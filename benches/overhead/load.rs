@@ -9,6 +9,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{CONNECTIONS, H2_CONNECTIONS};
+use crate::common::tls::{open, Io};
 use crate::common::*;
 
 /// How the load reaches a target.
@@ -113,31 +114,6 @@ pub async fn closed_loop(target: SocketAddr, load: &Load, length: Duration) -> R
         first_error,
         cpu: None,
     }
-}
-
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
-
-async fn open(
-    target: SocketAddr,
-    tls: Option<&tokio_rustls::TlsConnector>,
-) -> Result<Box<dyn Io>, String> {
-    let tcp = tokio::net::TcpStream::connect(target)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let _ = tcp.set_nodelay(true);
-    Ok(match tls {
-        Some(tls) => Box::new(
-            tls.connect(localhost(), tcp)
-                .await
-                .map_err(|e| format!("handshake: {e}"))?,
-        ),
-        None => Box::new(tcp),
-    })
-}
-
-fn localhost() -> rustls::pki_types::ServerName<'static> {
-    rustls::pki_types::ServerName::try_from("localhost").expect("a name")
 }
 
 type Outcome = (Vec<f64>, usize, Option<String>);

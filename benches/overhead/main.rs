@@ -2,11 +2,11 @@
 //! closed-loop load (64 keep-alive connections, 64 distinct chat bodies) straight to a trivial
 //! upstream, through HAProxy (`roundrobin`), through a bare Pingora proxy (`examples/bare_proxy`:
 //! `upstream_peer` and nothing else, set up as prefixlb is), through SMG 1.13 (`cache_aware`)
-//! and vllm-router 0.1.17 (`consistent_hash`), and through prefixlb (body peek, key, bounded
-//! selection, metrics, access log), for small bodies and for 32 KB ones. Then the same
-//! small-body load over TLS, HTTP/1.1 and HTTP/2 (by ALPN; 8 connections of 8 streams each,
-//! reused throughout), through HAProxy and prefixlb terminating it, with a certificate made for
-//! the run.
+//! and vllm-router 0.1.17 (`consistent_hash`), and through prefixlb (body peek, key,
+//! `least_cost` selection, metrics, access log), for small bodies and for 32 KB ones. Then the
+//! same load over TLS through HAProxy and prefixlb terminating it, with a certificate made for
+//! the run: HTTP/1.1 with both body sizes, and HTTP/2 with small ones (by ALPN; 8 connections of
+//! 8 streams each, reused throughout).
 //!
 //! The load generator runs on CPU 0; each proxy and the upstream share CPU 1, as a proxy with a
 //! core of its own would. Every Pingora proxy runs one worker thread and the same allocator;
@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use axum::routing::{get, post};
 use common::peers::*;
+use common::tls::make_certs;
 use common::*;
 use load::{chat_requests, closed_loop, Load, Run, Transport};
 
@@ -69,33 +70,6 @@ struct Target {
     /// The proxy process, whose CPU time is counted; none for the upstream itself.
     pid: Option<u32>,
     _serving: Option<std::rc::Rc<dyn std::any::Any>>,
-}
-
-/// The certificate the TLS rows are served with, and its CA for the load generator.
-struct Certs {
-    _dir: tempfile::TempDir,
-    ca_pem: String,
-    cert: std::path::PathBuf,
-    key: std::path::PathBuf,
-    /// Chain and key in one file, as HAProxy takes them.
-    combined: std::path::PathBuf,
-}
-
-fn make_certs() -> Certs {
-    let dir = tempfile::tempdir().expect("a directory");
-    let pki = Pki::new("bench ca");
-    let (cert, key) = pki.leaf();
-    let path = |name: &str| dir.path().join(name);
-    put(&path("cert.pem"), &cert);
-    put(&path("key.pem"), &key);
-    put(&path("combined.pem"), &format!("{cert}{key}"));
-    Certs {
-        ca_pem: pki.ca_pem(),
-        cert: path("cert.pem"),
-        key: path("key.pem"),
-        combined: path("combined.pem"),
-        _dir: dir,
-    }
 }
 
 fn started(
@@ -196,6 +170,12 @@ async fn bench(upstream: SocketAddr, pinned: bool) {
             Transport::TlsH1,
             &tls,
             &small,
+        ),
+        (
+            "TLS, HTTP/1.1, 32 KB bodies",
+            Transport::TlsH1,
+            &tls,
+            &large,
         ),
         ("TLS, HTTP/2, ~2 KB bodies", Transport::TlsH2, &tls, &small),
     ];

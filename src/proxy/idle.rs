@@ -5,8 +5,10 @@
 //! silent: most of what an idle keep-alive connection holds (`cargo bench --bench memory`).
 //! Here the connection's own loop waits for the request's first byte with nothing but the
 //! socket, and only then hands Pingora a session, that byte as the start of its head.
-//! TLS and HTTP/2 connections take Pingora's own loop: rustls may already hold a request the
-//! socket no longer shows, and an HTTP/2 connection is one session for all its streams.
+//! The byte is read through the connection's stream, so over TLS it is the first byte rustls
+//! decrypts (a request it already holds, the socket no longer shows, is read at once).
+//! HTTP/2 connections (h2c, or TLS with `h2` agreed) take Pingora's own loop: one such
+//! connection is one session for all its streams.
 
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use async_trait::async_trait;
 use bytes::BytesMut;
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
-use pingora::protocols::Stream;
+use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
 use tokio::io::AsyncReadExt;
 
@@ -50,7 +52,8 @@ where
         mut stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        if self.h2c || stream.get_ssl_digest().is_some() {
+        // Without ALPN or with `http/1.1` agreed, Pingora too takes the connection as HTTP/1.
+        if self.h2c || !matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1)) {
             return ServerApp::process_new(&self.app, stream, shutdown).await;
         }
         let mut carried: Option<HttpPersistentSettings> = None;
