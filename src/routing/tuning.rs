@@ -22,7 +22,8 @@ pub struct Tuning {
     pub decode_share: f64,
     /// The requests to come that a prefill is expected to delay besides the running ones: a
     /// prefill holds its GPU, and what arrives meanwhile waits it out. Origin: cluster bench
-    /// `long` (efb3357: p99 1166-987 ms against 1338-1586 ms with a tenth or none).
+    /// `long` (efb3357: p99 1166-987 ms against 1338-1586 ms with a tenth or none); 0.1 and 0.5
+    /// stay within repeated runs' noise on the tuning seeds (`docs/benchmarks.md`, 2026-12-04).
     pub arrivals: f64,
     /// The stream time assumed of a peer before it has finished a request. Origin: a short chat
     /// answer (~100 tokens at ~200 tokens/s); replaced by the peer's own mean at its first stream.
@@ -32,7 +33,8 @@ pub struct Tuning {
     pub spill_margin: Duration,
     /// The share of home's cost another peer must also undercut it by: a move trades decode
     /// time and home's other streams for the mover's own first token. Origin: the cluster
-    /// bench's `chats` and `hot` shapes.
+    /// bench's `chats` and `hot` shapes; 0.1 and 0.5 stay within repeated runs' noise on the
+    /// tuning seeds (`docs/benchmarks.md`, 2026-12-04).
     pub spill_share: f64,
     /// The turns a new conversation is expected to send after this one, each paying again for
     /// a placement away from its shared prefix. Origin: the bench's conversations (4 turns).
