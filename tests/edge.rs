@@ -219,15 +219,7 @@ async fn tls_requests_back_to_back_and_after_a_pause_are_answered_in_order() {
         .unwrap();
     let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut got)).await;
     let got = String::from_utf8_lossy(&got);
-    assert_eq!(got.matches("HTTP/1.1 200").count(), 4, "{got}");
-    let at: Vec<usize> = bodies
-        .iter()
-        .map(|b| {
-            got.find(&sha256_hex(b.as_bytes()))
-                .expect("an answer per request")
-        })
-        .collect();
-    assert!(at.windows(2).all(|w| w[0] < w[1]), "out of order: {got}");
+    assert_answered_in_order(&got, &bodies);
     proxy.assert_idle().await;
 }
 

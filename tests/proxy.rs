@@ -1417,15 +1417,7 @@ async fn pipelined_requests_are_answered_in_order() {
         })
         .collect();
     let got = raw_exchange(&proxy, requests.as_bytes()).await;
-    assert_eq!(got.matches("HTTP/1.1 200").count(), 3, "{got}");
-    let at: Vec<usize> = bodies
-        .iter()
-        .map(|b| {
-            got.find(&sha256_hex(b.as_bytes()))
-                .expect("an answer per request")
-        })
-        .collect();
-    assert!(at.windows(2).all(|w| w[0] < w[1]), "out of order: {got}");
+    assert_answered_in_order(&got, &bodies);
     release.await.unwrap();
     proxy.assert_idle().await;
 }

@@ -89,6 +89,20 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// `got`, what came back on one connection, holds a 200 for each of `bodies` and the mock's
+/// digest of each in the order they were sent.
+pub fn assert_answered_in_order(got: &str, bodies: &[String]) {
+    assert_eq!(got.matches("HTTP/1.1 200").count(), bodies.len(), "{got}");
+    let at: Vec<usize> = bodies
+        .iter()
+        .map(|b| {
+            got.find(&sha256_hex(b.as_bytes()))
+                .expect("an answer per request")
+        })
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "out of order: {got}");
+}
+
 /// A certificate authority of the test's own.
 pub struct Pki {
     ca: CertifiedIssuer<'static, KeyPair>,
