@@ -27,6 +27,15 @@ fn tls_listener(dir: &Path, pki: &Pki) -> (PathBuf, PathBuf, TestConfig) {
     (cert_path, key_path, config)
 }
 
+/// A CA of the test's own, a leaf of it in a scratch directory (kept while the test runs), and
+/// a configuration that serves the leaf.
+fn tls_test_listener() -> (Pki, tempfile::TempDir, TestConfig) {
+    let pki = Pki::new("test ca");
+    let certs = tempfile::tempdir().unwrap();
+    let (_, _, listen) = tls_listener(certs.path(), &pki);
+    (pki, certs, listen)
+}
+
 /// One client connection over TLS, HTTP/1.1 or HTTP/2 as ALPN chose.
 enum Conn {
     H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
@@ -125,9 +134,7 @@ fn events_in(frames: &[(Instant, Bytes)]) -> usize {
 #[tokio::test]
 async fn tls_listener_serves_http1_and_http2_with_streams_and_large_bodies() {
     let up = start_upstream("a").await;
-    let pki = Pki::new("test ca");
-    let certs = tempfile::tempdir().unwrap();
-    let (_, _, listen) = tls_listener(certs.path(), &pki);
+    let (pki, _certs, listen) = tls_test_listener();
     let proxy = start_proxy(&listen.peers(&[&up])).await;
     let large = chat(&"s".repeat(70 * 1024), "q", 1, false);
     for h2 in [false, true] {
@@ -177,9 +184,7 @@ async fn tls_listener_serves_http1_and_http2_with_streams_and_large_bodies() {
 #[tokio::test]
 async fn tls_requests_back_to_back_and_after_a_pause_are_answered_in_order() {
     let up = start_upstream("a").await;
-    let pki = Pki::new("test ca");
-    let certs = tempfile::tempdir().unwrap();
-    let (_, _, listen) = tls_listener(certs.path(), &pki);
+    let (pki, _certs, listen) = tls_test_listener();
     let proxy = start_proxy(&listen.peers(&[&up]).no_health_check()).await;
     let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let mut tls = tls_connector(&pki.ca_pem(), &[])
@@ -228,9 +233,7 @@ async fn an_http2_body_is_replayed_intact_to_the_next_peer_after_a_failed_connec
     let up = start_upstream("a").await;
     // A peer nothing listens on: every request whose key lands there is retried on `a`.
     let (dead, _refusing) = refused_addr();
-    let pki = Pki::new("test ca");
-    let certs = tempfile::tempdir().unwrap();
-    let (_, _, listen) = tls_listener(certs.path(), &pki);
+    let (pki, _certs, listen) = tls_test_listener();
     let proxy = start_proxy(
         &listen
             .peers_at([dead, up.addr])
@@ -266,9 +269,7 @@ async fn an_http2_body_is_replayed_intact_to_the_next_peer_after_a_failed_connec
 #[tokio::test]
 async fn a_reset_http2_stream_frees_its_slot_and_leaves_the_connection_up() {
     let up = start_upstream("a").await;
-    let pki = Pki::new("test ca");
-    let certs = tempfile::tempdir().unwrap();
-    let (_, _, listen) = tls_listener(certs.path(), &pki);
+    let (pki, _certs, listen) = tls_test_listener();
     let proxy = start_proxy(&listen.peers(&[&up])).await;
     let (mut conn, alpn) = Conn::open(proxy.addr, &pki.ca_pem(), true).await.unwrap();
     assert_eq!(alpn, b"h2");
