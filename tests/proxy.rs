@@ -171,6 +171,9 @@ async fn a_turn_follows_its_own_history_inside_a_shared_prompt() {
     // Template and turns: at least the template's 8 blocks and each turn's own.
     assert!(gauge("prefixlb_prefix_record_entries") >= 10.0);
     assert_eq!(gauge("prefixlb_prefix_record_evictions_total"), 0.0);
+    // Raw prompts show nothing of other processes: none is a chat's later turn.
+    let unseen = gauge("prefixlb_prefix_record_unseen_later_turns_ratio");
+    assert_eq!(unseen, 1.0, "taken as alone without a chat's later turn");
     proxy.assert_idle().await;
 }
 

@@ -15,7 +15,7 @@ const COST: Balance = Balance {
 
 const PLACED: Balance = Balance {
     cost: CostModel {
-        shared_prefix_placement: true,
+        shared_prefix_placement: Placement::Always,
         ..CostModel::DEFAULT
     },
     ..COST
@@ -203,6 +203,49 @@ fn a_prompt_nobody_holds_queues_its_whole_prefill_on_its_primary() {
         0
     };
     assert_eq!(primary.prefill_queue() - queued_before, 400);
+}
+
+/// A conversation cold everywhere goes to its primary, where any process would send its next
+/// turn, until the later turns that came show that the record saw every conversation (no
+/// other process routes them); from then on it goes where it costs least.
+#[test]
+fn a_cold_conversation_goes_where_it_costs_least_once_this_process_is_shown_alone() {
+    let cluster = Cluster::new(&specs(4, UNLIMITED), RingConfig::default());
+    // About 5 000 tokens of a system prompt nobody holds.
+    let opening = |name: &str| {
+        let system = format!("You are {name}'s assistant. {}", "Be brief. ".repeat(2_000));
+        chat(&[("system", &system), ("user", "Where do I start?")])
+    };
+    let primary_of = |d: &Demand| walk(&cluster, d.hash.unwrap())[0].clone();
+    let first = opening("Ada");
+    let primary = primary_of(&first);
+    // Three streams there: the cold prefill beside them costs more than on an idle peer.
+    let busy = streams(&primary, 3);
+    let r = cluster.select(&COST, first, &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(r.slot.peer(), &primary), "new: to its primary");
+    drop((r, busy));
+    // Later turns of conversations this process opened, as a lone process sees them.
+    for i in 0..300 {
+        let name = format!("user {i}");
+        let turn = [("system", "Be kind."), ("user", name.as_str())];
+        drop(cluster.select(&COST, chat(&turn), &[]).routed());
+        let later = [
+            turn[0],
+            turn[1],
+            ("assistant", "Hello."),
+            ("user", "And then?"),
+        ];
+        drop(cluster.select(&COST, chat(&later), &[]).routed());
+    }
+    let second = opening("Grace");
+    let primary = primary_of(&second);
+    let _busy = streams(&primary, 3);
+    let r = cluster.select(&COST, second, &[]).routed().unwrap();
+    assert!(
+        !Arc::ptr_eq(r.slot.peer(), &primary),
+        "alone: where it costs least"
+    );
+    assert_eq!(r.slot.peer().load(), 1);
 }
 
 /// With shared-prefix placement, a conversation new to this process, whose system prompt it

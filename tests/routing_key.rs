@@ -85,16 +85,19 @@ fn prompts_name_the_blocks_they_share() {
 }
 
 /// A conversation's first turn ends with its key: it is marked as an opening, which no peer can
-/// hold more of than its system prompt. Later turns and raw prompts are not.
+/// hold more of than its system prompt. Later turns are marked as such; a raw prompt is
+/// neither.
 #[test]
 fn a_first_turn_is_an_opening() {
     let first = conversation("You are terse.", "Hello?", 1);
     assert!(full_key(CHAT, &first).blocks.is_opening());
+    assert!(!full_key(CHAT, &first).blocks.is_later_turn());
     let spaced = first.replace("}]", "} \n ]");
     assert_ne!(spaced, first);
     assert!(full_key(CHAT, &spaced).blocks.is_opening());
     let later = conversation("You are terse.", "Hello?", 2);
     assert!(!full_key(CHAT, &later).blocks.is_opening());
+    assert!(full_key(CHAT, &later).blocks.is_later_turn());
     // A first message from the user, and a trailing assistant prefill after it.
     let prefilled = serde_json::json!({"messages": [
         {"role": "user", "content": "Hello?"},
@@ -102,7 +105,8 @@ fn a_first_turn_is_an_opening() {
     ]});
     assert!(!full_key(CHAT, &prefilled.to_string()).blocks.is_opening());
     let raw = serde_json::json!({"prompt": "Hello?"}).to_string();
-    assert!(!full_key("/v1/completions", &raw).blocks.is_opening());
+    let raw = full_key("/v1/completions", &raw).blocks;
+    assert!(!raw.is_opening() && !raw.is_later_turn());
 }
 
 #[test]

@@ -15,7 +15,7 @@ pub enum Router {
         policy: &'static str,
         replicas: usize,
         header: bool,
-        /// `routing.shared_prefix_placement`.
+        /// `routing.shared_prefix_placement: true` (the default is `auto`).
         placement: bool,
         /// Whether the replicas tell each other where prompts went (`replicas:`).
         exchange: bool,
@@ -170,9 +170,11 @@ impl Router {
                     .peers_at(gpus.iter().copied())
                     .max_in_flight(MAX_IN_FLIGHT)
                     .policy(policy)
-                    .shared_prefix_placement(placement)
                     .no_health_check()
                     .engine_metrics(true);
+                if placement {
+                    config = config.shared_prefix_placement(true);
+                }
                 for setting in advanced().iter().flat_map(|a| a.split(',')) {
                     let (key, value) = setting
                         .split_once('=')

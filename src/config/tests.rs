@@ -140,6 +140,23 @@ fn advanced_values_out_of_range_are_refused_naming_the_field() {
 }
 
 #[test]
+fn shared_prefix_placement_is_auto_unless_set() {
+    use crate::routing::Placement;
+    let placement = |yaml: &str| parse(yaml).map(|s| s.router.balance.cost.shared_prefix_placement);
+    let at = |value: &str| {
+        placement(&format!(
+            "routing: {{least_cost: {{shared_prefix_placement: {value}}}}}"
+        ))
+    };
+    assert_eq!(placement("").unwrap(), Placement::Auto);
+    assert_eq!(at("auto").unwrap(), Placement::Auto);
+    assert_eq!(at("true").unwrap(), Placement::Always);
+    assert_eq!(at("false").unwrap(), Placement::Never);
+    let e = at("sometimes").unwrap_err();
+    assert!(e.to_string().contains("true, false or auto"), "{e}");
+}
+
+#[test]
 fn values_are_checked_before_any_name_is_resolved() {
     let e = parse("peers: [{addr: \"no-such-host.invalid:1\"}]\nrouting: {balance_factor: 0.5}")
         .unwrap_err();

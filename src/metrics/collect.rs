@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use prometheus::core::{Atomic, Collector, Desc, GenericGaugeVec};
 use prometheus::proto::MetricFamily;
-use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 use super::counters;
 use crate::router::Router;
@@ -43,6 +43,11 @@ const RECORD_EVICTIONS: (&str, &str) = (
 const RECORD_UNSENT: (&str, &str) = (
     "prefixlb_prefix_record_unsent_total",
     "Prompts not told to the other replicas: the queue to them was full",
+);
+
+const RECORD_UNSEEN: (&str, &str) = (
+    "prefixlb_prefix_record_unseen_later_turns_ratio",
+    "Share of later chat turns lately whose conversation the record had not seen open (auto shared-prefix placement is on below 0.05)",
 );
 
 const PEER_GAUGES: [(&str, &str); 10] = [
@@ -201,6 +206,8 @@ impl Collector for PeerGauges {
         evictions.inc_by(stats.evictions);
         let unsent = IntCounter::new(RECORD_UNSENT.0, RECORD_UNSENT.1).expect("valid metric");
         unsent.inc_by(stats.unsent);
+        let unseen = Gauge::new(RECORD_UNSEEN.0, RECORD_UNSEEN.1).expect("valid metric");
+        unseen.set(cluster.record().coverage.unseen());
         vecs.iter()
             .chain(&pool_vecs)
             .flat_map(|v| v.collect())
@@ -210,6 +217,7 @@ impl Collector for PeerGauges {
             .chain(record.flatten())
             .chain(evictions.collect())
             .chain(unsent.collect())
+            .chain(unseen.collect())
             .collect()
     }
 }
@@ -298,11 +306,12 @@ pub fn register(router: Arc<Router>, tenants: Option<Arc<Tenants>>) -> prometheu
     peer_descs.extend(descs(&[PEER_RATE], "peer")?);
     peer_descs.extend(descs(&PEER_COUNTERS, "peer")?);
     peer_descs.extend(descs(&POOL_GAUGES, "model")?);
-    for (name, help) in
-        RECORD_GAUGES
-            .iter()
-            .chain([&QUEUE_DEPTH, &RECORD_EVICTIONS, &RECORD_UNSENT])
-    {
+    for (name, help) in RECORD_GAUGES.iter().chain([
+        &QUEUE_DEPTH,
+        &RECORD_EVICTIONS,
+        &RECORD_UNSENT,
+        &RECORD_UNSEEN,
+    ]) {
         peer_descs.push(Desc::new(
             name.to_string(),
             help.to_string(),

@@ -32,9 +32,20 @@ pub struct Blocks {
     key: Option<u8>,
     /// The chain's length, past the last point too.
     bytes: u32,
-    /// A conversation's opening: nothing follows its key, so no peer can hold more of it than
-    /// the part it shares with other conversations.
-    opening: bool,
+    turn: Turn,
+}
+
+/// Where a prompt stands in its conversation, as its body shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Turn {
+    /// Not a conversation's messages (a raw prompt, a key alone): it cannot tell.
+    #[default]
+    Unknown,
+    /// Nothing follows its key: no peer can hold more of it than the part it shares with
+    /// other conversations.
+    Opening,
+    /// More follows its key: whoever sent its opening has seen the conversation.
+    Later,
 }
 
 impl Default for Blocks {
@@ -46,7 +57,7 @@ impl Default for Blocks {
             len: 0,
             key: None,
             bytes: 0,
-            opening: false,
+            turn: Turn::Unknown,
         }
     }
 }
@@ -57,7 +68,7 @@ impl std::fmt::Debug for Blocks {
             .field("ends", &&self.ends[..self.len()])
             .field("key", &self.key)
             .field("bytes", &self.bytes)
-            .field("opening", &self.opening)
+            .field("turn", &self.turn)
             .finish()
     }
 }
@@ -125,16 +136,18 @@ impl Blocks {
         self.bytes
     }
 
-    /// The same chain, marked as a conversation's opening.
-    pub fn opening(self) -> Self {
-        Self {
-            opening: true,
-            ..self
-        }
+    /// The same chain, marked as `turn` of its conversation.
+    pub fn turn(self, turn: Turn) -> Self {
+        Self { turn, ..self }
     }
 
     pub fn is_opening(&self) -> bool {
-        self.opening
+        self.turn == Turn::Opening
+    }
+
+    /// Whether the prompt is a conversation's turn after its opening.
+    pub fn is_later_turn(&self) -> bool {
+        self.turn == Turn::Later
     }
 
     /// Whether the chain is a key alone: no prompt was read.

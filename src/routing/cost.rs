@@ -41,10 +41,10 @@ pub struct CostModel {
     /// [`MAX_CANDIDATES`]).
     pub candidates: u32,
     /// Whether a key this process has not seen is taken as new, and placed where its shared
-    /// prefix went (right for the only process in front of its peers, whose keys spread by
-    /// hash then no longer); otherwise its primary is priced as holding it, since another
-    /// process may have sent it there, and new keys spread by hash.
-    pub shared_prefix_placement: bool,
+    /// prefix went or where it costs least (right for the only process in front of its peers,
+    /// whose keys spread by hash then no longer); otherwise its primary is priced as holding
+    /// it, since another process may have sent it there, and new keys spread by hash.
+    pub shared_prefix_placement: Placement,
     /// The cost model's tuned figures (the configuration's `advanced:` section).
     pub tuning: Tuning,
 }
@@ -53,7 +53,7 @@ impl CostModel {
     pub const DEFAULT: CostModel = CostModel {
         prefill_tokens_per_sec: DEFAULT_PREFILL_TOKENS_PER_SEC,
         candidates: DEFAULT_CANDIDATES,
-        shared_prefix_placement: false,
+        shared_prefix_placement: Placement::Auto,
         tuning: Tuning::DEFAULT,
     };
 }
@@ -62,6 +62,17 @@ impl Default for CostModel {
     fn default() -> Self {
         Self::DEFAULT
     }
+}
+
+/// When a key the record has not seen is placed as new ([`CostModel::shared_prefix_placement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// When the record has lately seen the conversation of nearly every later turn
+    /// ([`crate::routing::record::Coverage`]): no other process routes what this one does
+    /// not hear of.
+    Auto,
+    Always,
+    Never,
 }
 
 /// What is believed of one peer when it is priced.

@@ -24,7 +24,7 @@ use std::net::IpAddr;
 use http::{HeaderMap, HeaderName, Method};
 use jiter::{Jiter, JiterError, JiterErrorType, JsonErrorType};
 
-use super::blocks::Blocks;
+use super::blocks::{Blocks, Turn};
 use super::hash::KeyEncoder;
 use super::policy::decision::Demand;
 use super::prompt::{is_cut, scan, PromptField, Span};
@@ -314,10 +314,10 @@ impl KeyExtractor {
                 let blocks = Blocks::of_prompt(body, model, start, key_end);
                 // The messages end with the key's first user message.
                 let after_key = body[key_end..].iter().find(|b| !b.is_ascii_whitespace());
-                if kind.is_conversation() && after_key == Some(&b']') {
-                    blocks.opening()
-                } else {
-                    blocks
+                match (kind.is_conversation(), after_key) {
+                    (false, _) => blocks,
+                    (true, Some(b']')) => blocks.turn(Turn::Opening),
+                    (true, _) => blocks.turn(Turn::Later),
                 }
             });
             (enc.finish(), blocks, whole)

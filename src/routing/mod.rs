@@ -85,9 +85,9 @@ pub mod spec;
 pub mod tuning;
 pub mod usage;
 
-pub use blocks::{Blocks, BLOCK_BYTES, MAX_BLOCKS};
+pub use blocks::{Blocks, Turn, BLOCK_BYTES, MAX_BLOCKS};
 pub use cluster::Cluster;
-pub use cost::{CostModel, Pricing};
+pub use cost::{CostModel, Placement, Pricing};
 pub use engine::{CacheReport, EngineReport};
 pub use key::{
     BodyEnd, BodyKind, Extract, Fallback, FallbackReason, KeyConfig, KeyExtractor, KeySource,

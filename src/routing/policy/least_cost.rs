@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::balance::{Balance, BoundInputs};
 use super::decision::{Decision, Demand, Route, Routed};
 use super::view::View;
-use crate::routing::cost::{Pricing, MAX_CANDIDATES};
+use crate::routing::cost::{Placement, Pricing, MAX_CANDIDATES};
 use crate::routing::peer::Peer;
 use crate::routing::record::Holdings;
 use crate::routing::slot::Slot;
@@ -28,15 +28,23 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     let prompt_tokens = demand.prompt_tokens;
     let want = balance.cost.candidates.clamp(1, MAX_CANDIDATES) as usize;
     let held = view.record.holdings(&demand.blocks);
-    let alone = balance.cost.shared_prefix_placement;
+    if demand.blocks.is_later_turn() {
+        view.record.coverage.observe(held.knows_key());
+    }
+    let alone = match balance.cost.shared_prefix_placement {
+        Placement::Auto => view.record.coverage.alone(),
+        Placement::Always => true,
+        Placement::Never => false,
+    };
     // The primary holds a conversation the record has not seen by construction: another
     // process may have sent it there, and no peer holding only its system prompt is priced
     // above it. With shared-prefix placement, the only process knows better: a
-    // conversation new to it is new, and goes where its system prompt went. So does an
-    // opening, new to every process: no peer holds more of it than its shared part. A key
-    // of which nothing is held anywhere goes to its primary, where every process looks.
+    // conversation new to it is new, and goes where its system prompt went, or, cold
+    // everywhere, where it is cheapest. So does an opening, new to every process: no peer
+    // holds more of it than its shared part. Otherwise a key of which nothing is held
+    // anywhere goes to its primary, where every process looks.
     let by_construction =
-        !held.knows_key() && (held.is_empty() || (!alone && !demand.blocks.is_opening()));
+        !held.knows_key() && !alone && (held.is_empty() || !demand.blocks.is_opening());
     let cold = held.is_empty() && !demand.blocks.key_only();
     let hit_of = |first: bool, peer: &Peer| {
         let share = held.share(peer.serial());
@@ -52,7 +60,8 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     // warm ones are busy enough that the prefix's prefill pays for itself.
     let new_conversation = !held.is_empty() && (!held.knows_key() || held.deepest_is_shared());
     let mut walk = view.ring.walk(hash);
-    let (candidates, steps) = gather(view, &mut walk, want, &held, new_conversation);
+    let widen = new_conversation || (alone && held.is_empty());
+    let (candidates, steps) = gather(view, &mut walk, want, &held, widen);
     let (candidates, n) = (candidates.idx, candidates.n);
     let mut hits = [0.0; MAX_CANDIDATES as usize];
     for (place, &idx) in candidates[..n].iter().enumerate() {
@@ -173,14 +182,13 @@ impl Candidates {
 }
 
 /// The first `want` usable peers of `walk` and the usable peers that hold part of the prompt
-/// (and, for a new conversation on a shared prefix, the least loaded other one), with the
-/// steps taken on the walk.
+/// (and, with `widen`, the least loaded other one), with the steps taken on the walk.
 fn gather(
     view: &View,
     walk: &mut impl Iterator<Item = usize>,
     want: usize,
     held: &Holdings,
-    new_conversation: bool,
+    widen: bool,
 ) -> (Candidates, u32) {
     let mut candidates = Candidates {
         idx: [0; MAX_CANDIDATES as usize],
@@ -196,7 +204,7 @@ fn gather(
     }
     // The peers that hold part of the prompt are priced wherever they are on the walk: a
     // conversation that moved may have moved past its first peers.
-    if !held.is_empty() {
+    if !held.is_empty() || widen {
         let mut idlest: Option<usize> = None;
         for (idx, peer) in view.peers.iter().enumerate() {
             if !view.usable(peer) || candidates.idx[..candidates.n].contains(&idx) {
@@ -209,7 +217,7 @@ fn gather(
             }
         }
         // Not a candidate when it was looked at, and only holders were added since.
-        if let Some(idx) = idlest.filter(|_| new_conversation && !candidates.full()) {
+        if let Some(idx) = idlest.filter(|_| widen && !candidates.full()) {
             candidates.push(idx);
         }
     }

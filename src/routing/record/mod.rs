@@ -13,6 +13,7 @@
 //! outbox, which the control plane sends to the others; what they send back is recorded with
 //! [`PrefixRecord::record_heard`], and not handed on again.
 
+mod coverage;
 mod holdings;
 mod table;
 
@@ -21,6 +22,7 @@ use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub use coverage::Coverage;
 pub use holdings::{Holdings, KeyHits};
 pub use table::WAYS;
 
@@ -56,6 +58,7 @@ pub struct PrefixRecord {
     outbox: OnceLock<SyncSender<Served>>,
     /// Prompts the outbox had no room for.
     unsent: AtomicU64,
+    pub coverage: Coverage,
 }
 
 /// A prompt this process sent to a peer (by its serial), for the other processes.
@@ -96,6 +99,7 @@ impl PrefixRecord {
             key_hits: KeyHits::default(),
             outbox: OnceLock::new(),
             unsent: AtomicU64::new(0),
+            coverage: Coverage::default(),
         }
         .tuned(&Tuning::DEFAULT)
     }
@@ -374,8 +378,7 @@ mod tests {
         let r = PrefixRecord::with_bytes(1 << 20);
         r.table.record_at(7, 1, 10, 0);
         let at = |now| {
-            let floor = r.floor.load(Ordering::Relaxed);
-            let warm = WARM_TICKS;
+            let (floor, warm) = (r.floor.load(Ordering::Relaxed), WARM_TICKS);
             r.table.find(7).unwrap().fresh(Window { now, floor, warm })
         };
         assert!(named(&at(10 + WARM_TICKS - 1), 1));
