@@ -38,11 +38,23 @@ impl SettledFile {
 
     /// The file's text and inode.
     async fn read(&self) -> Result<(String, u64), Error> {
+        let path = self.path.clone();
+        // The inode of the open file, not of the path: a rename between a stat of the path and
+        // the read would pair the new file's text with the old inode, and the next in-place
+        // write to the new file would pass for a rename, read whole however far it had got.
+        let read = move || {
+            let mut file = std::fs::File::open(&path)?;
+            let inode = std::os::unix::fs::MetadataExt::ino(&file.metadata()?);
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut file, &mut text)?;
+            Ok((text, inode))
+        };
         let fail =
             |e: std::io::Error| Error::new("", format!("cannot read {}: {e}", self.path.display()));
-        let meta = tokio::fs::metadata(&self.path).await.map_err(fail)?;
-        let text = tokio::fs::read_to_string(&self.path).await.map_err(fail)?;
-        Ok((text, std::os::unix::fs::MetadataExt::ino(&meta)))
+        match tokio::task::spawn_blocking(read).await {
+            Ok(read) => read.map_err(fail),
+            Err(e) => Err(fail(std::io::Error::other(e))),
+        }
     }
 
     /// The file's text when it changed since the last call (always, with `force`).
