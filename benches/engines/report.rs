@@ -20,6 +20,8 @@ pub struct Stats {
     pub cached_tokens: f64,
     /// `llamacpp:prompt_tokens_cached_total`, summed over the engines.
     pub engine_cached_total: f64,
+    /// Later turns that left their session's engine (prefixlb's rows only).
+    pub moved: Option<f64>,
 }
 
 impl Stats {
@@ -40,6 +42,7 @@ impl Stats {
             prompt_tokens: ok.iter().map(|t| t.prompt as f64).sum(),
             cached_tokens: ok.iter().map(|t| t.cached as f64).sum(),
             engine_cached_total: pass.engine_cached.iter().sum(),
+            moved: pass.moved.map(|m| m as f64),
         }
     }
 
@@ -58,6 +61,7 @@ impl Stats {
             "cached_tokens": self.cached_tokens,
             "hit_ratio": self.hit_ratio(),
             "engine_cached_total": self.engine_cached_total,
+            "moved_turns": self.moved,
         })
     }
 }
@@ -65,8 +69,12 @@ impl Stats {
 /// One line of progress for a pass.
 pub fn line(name: &str, seed: u64, pass: &Pass) -> String {
     let s = Stats::of(pass);
+    let moved = s
+        .moved
+        .map(|m| format!(", {m} turns moved"))
+        .unwrap_or_default();
     format!(
-        "{name} seed {seed}: TTFT p50 {:.0} ms p99 {:.0} ms, {:.1} s, {} errors, {:.1}% cached",
+        "{name} seed {seed}: TTFT p50 {:.0} ms p99 {:.0} ms, {:.1} s, {} errors, {:.1}% cached{moved}",
         s.ttft_p50_ms,
         s.ttft_p99_ms,
         s.wall_s,
@@ -88,7 +96,14 @@ impl Row {
 
     /// The median over the passes, with min-max when there is more than one.
     fn cell(&self, f: impl Fn(&Stats) -> f64, decimals: usize) -> String {
-        let mut v: Vec<f64> = self.stats.iter().map(f).collect();
+        self.cell_of(|s| Some(f(s)), decimals)
+    }
+
+    /// As [`Row::cell`], `—` when a pass has no such figure.
+    fn cell_of(&self, f: impl Fn(&Stats) -> Option<f64>, decimals: usize) -> String {
+        let Some(mut v) = self.stats.iter().map(f).collect::<Option<Vec<f64>>>() else {
+            return "—".to_owned();
+        };
         v.sort_by(f64::total_cmp);
         let median = v[v.len() / 2];
         if v.len() == 1 {
@@ -105,12 +120,12 @@ impl Row {
 
 pub fn print_table(rows: &[Row]) {
     println!(
-        "\n| router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pass s | errors | cached / prompt tokens | engines' cached_total |"
+        "\n| router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pass s | errors | cached / prompt tokens | engines' cached_total | turns moved |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} % | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} % | {} | {} |",
             r.name,
             r.cell(|s| s.ttft_p50_ms, 0),
             r.cell(|s| s.ttft_p99_ms, 0),
@@ -119,6 +134,7 @@ pub fn print_table(rows: &[Row]) {
             r.cell(|s| s.errors, 0),
             r.cell(|s| s.hit_ratio() * 100.0, 1),
             r.cell(|s| s.engine_cached_total, 0),
+            r.cell_of(|s| s.moved, 0),
         );
     }
 }

@@ -26,6 +26,9 @@ pub struct Pass {
     /// Prompt tokens each engine's own counter says it found cached during the pass
     /// (`llamacpp:prompt_tokens_cached_total`, `vllm:prompt_tokens_cached_total`).
     pub engine_cached: Vec<f64>,
+    /// Later turns sent to another engine than their session's turn before; `None` for a
+    /// router that writes no access log (all but prefixlb).
+    pub moved: Option<usize>,
 }
 
 /// The engines the routers are in front of.
@@ -79,6 +82,7 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
         turns.extend(s.await.map_err(|e| e.to_string())?);
     }
     let wall = start.elapsed();
+    let moved = moved_turns(&running.access_log());
     drop(running);
     let after = match engines {
         Engines::Llama(_) => {
@@ -99,7 +103,36 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
         turns,
         wall,
         engine_cached,
+        moved,
     })
+}
+
+/// Later turns that went to another engine than their session's turn before, read from
+/// prefixlb's access log, whose `request_id` is the client's `s{session}-t{turn}`. Each such
+/// turn prefills its conversation again, all but the system prompt: what routing for load
+/// costs the cache.
+fn moved_turns(log: &str) -> Option<usize> {
+    if log.is_empty() {
+        return None;
+    }
+    let mut peers = std::collections::BTreeMap::new();
+    for line in log.lines() {
+        let field = |name: &str| line.split(' ').find_map(|w| w.strip_prefix(name));
+        let (Some(id), Some(peer)) = (field("request_id="), field("peer=")) else {
+            continue;
+        };
+        let turn = id.strip_prefix('s').and_then(|id| id.split_once("-t"));
+        if let Some((Ok(s), Ok(t))) = turn.map(|(s, t)| (s.parse::<usize>(), t.parse::<usize>())) {
+            peers.insert((s, t), peer);
+        }
+    }
+    let moved = peers.iter().filter(|((s, t), peer)| {
+        *t > 0
+            && peers
+                .get(&(*s, t - 1))
+                .is_some_and(|before| before != *peer)
+    });
+    Some(moved.count())
 }
 
 /// A session's turns, each resending the whole conversation; a failed turn leaves an empty
