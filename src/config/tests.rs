@@ -157,6 +157,19 @@ fn shared_prefix_placement_is_auto_unless_set() {
 }
 
 #[test]
+fn the_learned_prefill_rate_is_priced_as_far_as_asked() {
+    use crate::routing::LearnedRate;
+    let learned = |yaml: &str| parse(yaml).map(|s| s.router.balance.cost.tuning.learn_prefill_rate);
+    let at = |value: &str| learned(&format!("advanced: {{learn_prefill_rate: {value}}}"));
+    assert_eq!(learned("").unwrap(), LearnedRate::Slower);
+    assert_eq!(at("slower").unwrap(), LearnedRate::Slower);
+    assert_eq!(at("true").unwrap(), LearnedRate::Always);
+    assert_eq!(at("false").unwrap(), LearnedRate::Never);
+    let e = at("faster").unwrap_err();
+    assert!(e.to_string().contains("true, false or slower"), "{e}");
+}
+
+#[test]
 fn values_are_checked_before_any_name_is_resolved() {
     let e = parse("peers: [{addr: \"no-such-host.invalid:1\"}]\nrouting: {balance_factor: 0.5}")
         .unwrap_err();

@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use super::tuning::Tuning;
+use super::tuning::{LearnedRate, Tuning};
 
 /// Prompt tokens a GPU prefills per second until its answers have shown its own rate: an 8B
 /// model on one H100-class GPU.
@@ -126,10 +126,16 @@ impl CostModel {
         p.decode.unwrap_or(self.tuning.default_decode).as_secs_f64()
     }
 
-    /// The peer's own rate once learned, the configured one before.
+    /// The peer's own rate once learned, as far as the tuning lets it in; the configured one
+    /// before.
     fn rate(&self, p: &Pricing) -> f64 {
-        let learned = p.rate.filter(|_| self.tuning.learn_prefill_rate);
-        learned.unwrap_or(self.prefill_tokens_per_sec).max(1.0)
+        let configured = self.prefill_tokens_per_sec;
+        let rate = match (self.tuning.learn_prefill_rate, p.rate) {
+            (LearnedRate::Always, Some(learned)) => learned,
+            (LearnedRate::Slower, Some(learned)) => learned.min(configured),
+            _ => configured,
+        };
+        rate.max(1.0)
     }
 
     /// The tokens a request is expected to make a peer holding `hit` of it prefill.
@@ -252,17 +258,25 @@ mod tests {
     }
 
     #[test]
-    fn a_learned_rate_replaces_the_configured_one_when_asked() {
-        let slow = Pricing {
-            rate: Some(2_500.0),
-            ..IDLE
+    fn a_learned_rate_replaces_the_configured_one_as_far_as_asked() {
+        let price = |learn, rate| {
+            let mut m = model();
+            m.tuning.learn_prefill_rate = learn;
+            let p = Pricing {
+                rate: Some(rate),
+                ..IDLE
+            };
+            m.estimate(&p, 5_000) / (1.0 + ARRIVALS)
         };
-        let configured = model().estimate(&slow, 5_000);
-        assert!(close(configured, 0.5 * (1.0 + ARRIVALS)), "{configured}");
-        let mut learning = model();
-        learning.tuning.learn_prefill_rate = true;
-        let learned = learning.estimate(&slow, 5_000);
-        assert!(close(learned, 2.0 * (1.0 + ARRIVALS)), "{learned}");
+        // Configured: 10,000 tokens/s, so 5,000 tokens take 0.5 s.
+        for (learn, slow, fast) in [
+            (LearnedRate::Never, 0.5, 0.5),
+            (LearnedRate::Slower, 2.0, 0.5),
+            (LearnedRate::Always, 2.0, 0.25),
+        ] {
+            let (s, f) = (price(learn, 2_500.0), price(learn, 20_000.0));
+            assert!(close(s, slow) && close(f, fast), "{learn:?}: {s} {f}");
+        }
     }
 
     #[test]

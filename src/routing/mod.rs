@@ -107,5 +107,5 @@ pub use responses::{previous_in, IdReader, ResponseHomes};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};
 pub use slot::Slot;
 pub use spec::{canonical, PeerSpec, Weight, MAX_WEIGHT, UNLIMITED};
-pub use tuning::Tuning;
+pub use tuning::{LearnedRate, Tuning};
 pub use usage::{Usage, UsageReader};

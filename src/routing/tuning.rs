@@ -54,13 +54,13 @@ pub struct Tuning {
     /// stopped coming, roughly; the engine evicts by recency under memory pressure, which the
     /// balancer cannot see.
     pub warm_for: Duration,
-    /// Whether each peer is priced at the prefill rate its first bytes show (see
-    /// [`crate::routing::prefill`]) rather than the configured one; the rate is learned and
-    /// exported either way. Origin: off, because on the cluster bench's tuning seeds pricing
-    /// the simulator's true rate (six times the configured one) cost 2.3 points of hits and
-    /// 10% of TTFT p50 (`docs/benchmarks.md`, "Learned from the answers"): the other figures
-    /// of the rule were fitted to a dearer prefill.
-    pub learn_prefill_rate: bool,
+    /// Which prefill rate a peer is priced at once its first bytes have shown one (see
+    /// [`crate::routing::prefill`]); the rate is learned and exported either way. Origin:
+    /// `Slower`, because on two llama.cpp engines (six seeds) it moved 35% fewer turns away
+    /// from their conversation's engine at the same TTFT, and on the cluster bench's tuning
+    /// seeds, whose engines are faster than configured, it moved nothing beyond the noise
+    /// (`docs/benchmarks.md`, "Learned from the answers").
+    pub learn_prefill_rate: LearnedRate,
     /// How much less of a prompt than the record predicted (a share of the prompt) an engine
     /// may report cached before the record is taken as wrong there and forgets the
     /// conversation on that peer; 1: never (the default). Engines cache whole blocks of 16 to
@@ -84,7 +84,7 @@ impl Tuning {
         conversation_floor: 8,
         chars_per_token: 4,
         warm_for: Duration::from_secs(60),
-        learn_prefill_rate: false,
+        learn_prefill_rate: LearnedRate::Slower,
         eviction_margin: 1.0,
     };
 }
@@ -93,4 +93,19 @@ impl Default for Tuning {
     fn default() -> Self {
         Self::DEFAULT
     }
+}
+
+/// Whether a peer's learned prefill rate replaces the configured one in its price.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LearnedRate {
+    /// The configured rate always.
+    Never,
+    /// The learned rate where it is slower than the configured one: an engine that prefills
+    /// slower than the operator said makes a move dearer, never cheaper than the figures of
+    /// the rule were fitted to.
+    Slower,
+    /// The learned rate, faster or slower. On the cluster bench's tuning seeds pricing the
+    /// simulator's true rate (six times the configured one) cost 2.3 points of hits and 10% of
+    /// TTFT p50: the rule moved conversations for load that it keeps home at a dearer prefill.
+    Always,
 }

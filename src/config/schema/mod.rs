@@ -8,6 +8,7 @@ pub mod engines;
 pub mod peers;
 pub mod proxy;
 pub mod routing;
+mod switch;
 pub mod traces;
 pub mod tuning;
 

@@ -1,9 +1,10 @@
 //! How a request's peer is chosen: `routing` (the policy, its parameters, the key),
 //! `endpoints` (the engines' API paths) and `outlier`.
 
-use serde::{de, Deserialize, Deserializer};
+use serde::Deserialize;
 
 use super::defaults::ms;
+use super::switch::switch;
 use crate::routing::{Balance, Fallback, KeyConfig, KeySource, OutlierPolicy, Placement, Policy};
 
 #[derive(Debug, Deserialize)]
@@ -39,36 +40,8 @@ pub struct LeastCost {
     pub candidates: u32,
     /// Whether a conversation new to this process goes where its system prompt went (or,
     /// cold everywhere, where it costs least): `auto`, `true` or `false`.
-    #[serde(deserialize_with = "placement")]
+    #[serde(deserialize_with = "switch")]
     pub shared_prefix_placement: Placement,
-}
-
-/// `true`, `false` or `auto`.
-fn placement<'de, D: Deserializer<'de>>(d: D) -> Result<Placement, D::Error> {
-    struct Visitor;
-    impl de::Visitor<'_> for Visitor {
-        type Value = Placement;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("true, false or auto")
-        }
-
-        fn visit_bool<E: de::Error>(self, on: bool) -> Result<Placement, E> {
-            Ok(if on {
-                Placement::Always
-            } else {
-                Placement::Never
-            })
-        }
-
-        fn visit_str<E: de::Error>(self, s: &str) -> Result<Placement, E> {
-            match s {
-                "auto" => Ok(Placement::Auto),
-                _ => Err(E::invalid_value(de::Unexpected::Str(s), &self)),
-            }
-        }
-    }
-    d.deserialize_any(Visitor)
 }
 
 impl Default for LeastCost {

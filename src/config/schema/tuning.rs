@@ -4,7 +4,8 @@
 use serde::Deserialize;
 
 use super::defaults::ms;
-use crate::routing::{RingConfig, Tuning};
+use super::switch::switch;
+use crate::routing::{LearnedRate, RingConfig, Tuning};
 
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -25,7 +26,8 @@ pub struct Advanced {
     pub conversation_floor: u32,
     pub chars_per_token: u32,
     pub warm_for_ms: u64,
-    pub learn_prefill_rate: bool,
+    #[serde(deserialize_with = "switch")]
+    pub learn_prefill_rate: LearnedRate,
     pub eviction_margin: f64,
 }
 
