@@ -56,13 +56,7 @@ fn create(input: &str, previous: Option<&str>, stream: bool) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_follow_ups_reach_the_engine_that_made_the_response() {
     let ups = upstreams::<2>().await;
-    // The mocks' first bytes are this machine's scheduling, not a prefill: a rate learned from
-    // a few of them could price one mock apart from the other and open every conversation on
-    // the one the noise favoured, which is not what this test is about.
-    let config = TestConfig::new()
-        .peers(&ups)
-        .advanced("learn_prefill_rate", "false");
-    let proxy = start_proxy(&config).await;
+    let proxy = start_proxy(&TestConfig::new().peers(&ups)).await;
     let c = client();
     // The mock holds only its own responses, as vLLM does.
     let direct = post(

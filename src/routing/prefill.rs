@@ -7,7 +7,8 @@
 //! follows an engine whose speed changes (a batch that grows, a slower GPU swapped in).
 //!
 //! Requests that waited for one of the engine's running slots are not samples: their wait is
-//! a queue's, not the prefill's; nor are first bytes quicker than [`MIN_SAMPLE`].
+//! a queue's, not the prefill's; nor are first bytes quicker than [`MIN_SAMPLE`], nor prompts
+//! shorter than [`MIN_SAMPLE_TOKENS`].
 
 use std::time::Duration;
 
@@ -19,6 +20,12 @@ pub const RATES_APART: f64 = 1.5;
 /// The shortest first byte taken as a sample: below it, the proxy's and the network's own
 /// jitter (a millisecond or two under load) is a large part of the time, not the prefill.
 pub const MIN_SAMPLE: Duration = Duration::from_millis(10);
+
+/// The fewest tokens to prefill that make a sample: a prompt shorter than this is prefilled in
+/// about the time of the engine's fixed cost a request (scheduling, the first decode step), so
+/// its first byte measures that cost, and a few such samples would price the peer as a slow
+/// prefill on the noise of its scheduling.
+pub const MIN_SAMPLE_TOKENS: f64 = 64.0;
 
 /// How much of its weight a sample keeps at each later one: about the last 32 count.
 const FADE: f64 = 1.0 - 1.0 / 32.0;

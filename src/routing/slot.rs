@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::peer::Peer;
-use super::prefill::MIN_SAMPLE;
+use super::prefill::{MIN_SAMPLE, MIN_SAMPLE_TOKENS};
 
 /// How much less of a prompt than the record predicted an engine must report cached for the
 /// answer to count as a miss of the record's: engines cache whole blocks of 16 to 256 tokens,
@@ -164,7 +164,11 @@ impl Slot {
             Some(u) => prompt * (1.0 - u.cached_share()),
             None => prompt * (1.0 - f64::from(priced.hit)),
         };
-        if let Some(rate) = engine.record_prefill(priced.ahead as f64 + own, ttfb) {
+        let tokens = priced.ahead as f64 + own;
+        if tokens < MIN_SAMPLE_TOKENS {
+            return;
+        }
+        if let Some(rate) = engine.record_prefill(tokens, ttfb) {
             self.peer.cluster.learned_rate(rate);
         }
     }
@@ -295,6 +299,21 @@ mod tests {
         }
         let rate = p.engine.prefill_rate().unwrap();
         assert!((rate / 20_000.0 - 1.0).abs() < 0.05, "{rate}");
+    }
+
+    #[test]
+    fn prompts_too_short_to_show_a_prefill_teach_no_rate() {
+        let p = peer(64);
+        // 20 ms for 40 tokens would be a rate of 2,000 a second: the engine's fixed cost.
+        for _ in 0..12 {
+            let mut slot = p.take();
+            slot.expect_prefill(40, 0.0, 40);
+            if let Some(priced) = &mut slot.priced {
+                priced.taken = Instant::now() - Duration::from_millis(20);
+            }
+            slot.prefilled();
+        }
+        assert_eq!(p.engine.prefill_rate(), None);
     }
 
     #[test]
