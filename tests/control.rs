@@ -669,21 +669,21 @@ async fn dns_discovery_follows_the_records() {
     assert_eq!(served.len(), 2);
 }
 
-/// The peer addresses of an admin listing, sorted.
 fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
     v.sort();
     v
 }
 
+/// The peer addresses of an admin listing, sorted.
 fn listed(l: &serde_json::Value) -> Vec<String> {
-    let mut v: Vec<String> = l["peers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["address"].as_str().unwrap().to_owned())
-        .collect();
-    v.sort();
-    v
+    sorted(
+        l["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["address"].as_str().unwrap().to_owned())
+            .collect(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
