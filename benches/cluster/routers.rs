@@ -250,25 +250,33 @@ impl Running {
         }
     }
 
+    /// The lines of prefixlb's `/metrics` whose series is `name`, from every process.
+    pub async fn series(&self, name: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        if let Running::Prefixlb(proxies) = self {
+            for p in proxies {
+                let page = p.metrics().await;
+                let of = |l: &&str| {
+                    l.strip_prefix(name)
+                        .is_some_and(|r| r.starts_with(['{', ' ']))
+                };
+                lines.extend(page.lines().filter(of).map(str::to_owned));
+            }
+        }
+        lines
+    }
+
     /// How prefixlb chose its peers, summed over its processes: requests per route.
     pub async fn routes(&self) -> BTreeMap<String, f64> {
         let mut routes = BTreeMap::new();
-        let Running::Prefixlb(proxies) = self else {
-            return routes;
-        };
-        for p in proxies {
-            for line in p.metrics().await.lines() {
-                let Some(rest) = line.strip_prefix("prefixlb_peer_requests_total{") else {
-                    continue;
-                };
-                let route = rest
-                    .split("route=\"")
-                    .nth(1)
-                    .and_then(|r| r.split('"').next());
-                let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-                if let (Some(route), Some(value)) = (route, value) {
-                    *routes.entry(route.to_owned()).or_default() += value;
-                }
+        for line in self.series("prefixlb_peer_requests_total").await {
+            let route = line
+                .split("route=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next());
+            let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+            if let (Some(route), Some(value)) = (route, value) {
+                *routes.entry(route.to_owned()).or_default() += value;
             }
         }
         routes

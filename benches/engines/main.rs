@@ -6,14 +6,18 @@
 //!
 //! `cargo bench --bench engines [-- SEED... ROUTER... llama|vllm]`: numbers are seeds (one
 //! pass per seed and router; medians with min-max when more than one), `llama` or `vllm` keeps
-//! those engines only, anything else keeps the routers whose name holds it. Prints a table per
-//! engine and writes `target/bench-results/engines.json` (or `$BENCH_OUT`). vLLM engines that
-//! cannot be installed or started are skipped with the reason, and the run exits non-zero.
+//! those engines only, anything else keeps the routers whose name holds it (or is it, ending in
+//! `$`). Prints a table per engine and writes `target/bench-results/engines.json` (or
+//! `$BENCH_OUT`). vLLM engines that cannot be installed or started are skipped with the
+//! reason, and the run exits non-zero.
 //!
 //! What is measured per router: TTFT p50/p99 and end-to-end p50 of the streamed turns as the
 //! client sees them, the pass's wall time, failed turns, and the engines' own word on reuse:
 //! the cached prompt tokens each final chunk reports (`timings.cache_n`) over all prompt
 //! tokens, and `llamacpp:prompt_tokens_cached_total` scraped from each engine before it stops.
+//! From those reports, for every router: the sessions that opened where their system prompt
+//! was cold, and the later turns that found their history gone (prefilled again); from
+//! prefixlb's access log, the turns it moved.
 //!
 //! The routers' set-up is the cluster bench's (`benches/cluster/routers.rs`), scaled to two
 //! slots an engine; SMG polls no `/v1/loads`, which llama.cpp does not serve (see
@@ -91,7 +95,7 @@ async fn main() {
         .collect();
     let routers: Vec<Router> = ROUTERS
         .into_iter()
-        .filter(|r| names.is_empty() || names.iter().any(|n| r.name().contains(n.as_str())))
+        .filter(|r| names.is_empty() || names.iter().any(|n| named(&r.name(), n)))
         .collect();
     let started = Instant::now();
     let mut rows = Vec::new();
@@ -117,6 +121,15 @@ async fn main() {
     println!("run time {:.0?}; {}", started.elapsed(), path.display());
     if skipped {
         std::process::exit(1);
+    }
+}
+
+/// Whether a router's `name` is asked for by `filter`: a part of the name, or the whole name
+/// when the filter ends in `$` (`"prefixlb least_cost$"` leaves out its session-header row).
+fn named(name: &str, filter: &str) -> bool {
+    match filter.strip_suffix('$') {
+        Some(whole) => name == whole,
+        None => name.contains(filter),
     }
 }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::common::{out_dir, percentile};
-use crate::run::Pass;
+use crate::run::{Pass, Turn};
+use crate::workload::TURNS;
 
 /// What one pass comes to.
 pub struct Stats {
@@ -22,6 +23,52 @@ pub struct Stats {
     pub engine_cached_total: f64,
     /// Later turns that left their session's engine (prefixlb's rows only).
     pub moved: Option<f64>,
+    /// From the engines' own reports, for every router: first turns whose engine held less
+    /// than half of the prompt (their system prompt was cold there)...
+    pub cold_opens: f64,
+    /// ...and later turns whose engine held less than the turn before had sent, by more than
+    /// two of vLLM's 128-token blocks (their history was prefilled again).
+    pub lost_histories: f64,
+    /// Every turn: session, its system prompt, turn, prompt and cached tokens, TTFT, and the
+    /// engine when the router names it.
+    turns: Vec<serde_json::Value>,
+    learned: Vec<String>,
+}
+
+fn turn_details(pass: &Pass) -> Vec<serde_json::Value> {
+    let sessions = pass.turns.chunks(TURNS).enumerate();
+    sessions
+        .flat_map(|(s, turns)| {
+            turns.iter().enumerate().map(move |(t, turn)| {
+                json!({
+                    "session": s,
+                    "system": pass.systems.get(s),
+                    "turn": t,
+                    "prompt": turn.as_ref().map(|t| t.prompt),
+                    "cached": turn.as_ref().map(|t| t.cached),
+                    "ttft_ms": turn.as_ref().map(|t| t.ttft.as_millis() as u64),
+                    "peer": pass.peers.get(&(s, t)),
+                })
+            })
+        })
+        .collect()
+}
+
+/// Counts the turns of `turns` (session by session, [`TURNS`] each) that found their prompt
+/// cold where they landed: (first turns, later turns).
+fn cold_turns(turns: &[Option<Turn>]) -> (f64, f64) {
+    let (mut opens, mut lost) = (0.0, 0.0);
+    for session in turns.chunks(TURNS) {
+        if let Some(Some(first)) = session.first() {
+            opens += f64::from(u8::from(first.cached * 2 < first.prompt));
+        }
+        for pair in session.windows(2) {
+            if let [Some(before), Some(turn)] = pair {
+                lost += f64::from(u8::from(turn.cached + 256 < before.prompt));
+            }
+        }
+    }
+    (opens, lost)
 }
 
 impl Stats {
@@ -33,6 +80,7 @@ impl Stats {
             v
         };
         let ttft = sorted(&|t| t.ttft);
+        let (cold_opens, lost_histories) = cold_turns(&pass.turns);
         Self {
             ttft_p50_ms: percentile(&ttft, 50.0),
             ttft_p99_ms: percentile(&ttft, 99.0),
@@ -43,6 +91,10 @@ impl Stats {
             cached_tokens: ok.iter().map(|t| t.cached as f64).sum(),
             engine_cached_total: pass.engine_cached.iter().sum(),
             moved: pass.moved.map(|m| m as f64),
+            cold_opens,
+            lost_histories,
+            turns: turn_details(pass),
+            learned: pass.learned.clone(),
         }
     }
 
@@ -62,6 +114,10 @@ impl Stats {
             "hit_ratio": self.hit_ratio(),
             "engine_cached_total": self.engine_cached_total,
             "moved_turns": self.moved,
+            "cold_opens": self.cold_opens,
+            "lost_histories": self.lost_histories,
+            "turns": self.turns,
+            "prefixlb_learned_rates": self.learned,
         })
     }
 }
@@ -74,12 +130,14 @@ pub fn line(name: &str, seed: u64, pass: &Pass) -> String {
         .map(|m| format!(", {m} turns moved"))
         .unwrap_or_default();
     format!(
-        "{name} seed {seed}: TTFT p50 {:.0} ms p99 {:.0} ms, {:.1} s, {} errors, {:.1}% cached{moved}",
+        "{name} seed {seed}: TTFT p50 {:.0} ms p99 {:.0} ms, {:.1} s, {} errors, {:.1}% cached, {} cold opens, {} lost histories{moved}",
         s.ttft_p50_ms,
         s.ttft_p99_ms,
         s.wall_s,
         s.errors,
-        s.hit_ratio() * 100.0
+        s.hit_ratio() * 100.0,
+        s.cold_opens,
+        s.lost_histories,
     )
 }
 
@@ -120,12 +178,12 @@ impl Row {
 
 pub fn print_table(rows: &[Row]) {
     println!(
-        "\n| router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pass s | errors | cached / prompt tokens | engines' cached_total | turns moved |"
+        "\n| router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pass s | errors | cached / prompt tokens | engines' cached_total | cold opens | lost histories | turns moved |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} % | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} % | {} | {} | {} | {} |",
             r.name,
             r.cell(|s| s.ttft_p50_ms, 0),
             r.cell(|s| s.ttft_p99_ms, 0),
@@ -134,6 +192,8 @@ pub fn print_table(rows: &[Row]) {
             r.cell(|s| s.errors, 0),
             r.cell(|s| s.hit_ratio() * 100.0, 1),
             r.cell(|s| s.engine_cached_total, 0),
+            r.cell(|s| s.cold_opens, 0),
+            r.cell(|s| s.lost_histories, 0),
             r.cell_of(|s| s.moved, 0),
         );
     }

@@ -1,6 +1,7 @@
 //! One router's pass: engines with cold caches, the router in front, every session played
 //! against it.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -29,6 +30,13 @@ pub struct Pass {
     /// Later turns sent to another engine than their session's turn before; `None` for a
     /// router that writes no access log (all but prefixlb).
     pub moved: Option<usize>,
+    /// The engine of each turn, by (session, turn), as prefixlb's access log names it.
+    pub peers: BTreeMap<(usize, usize), String>,
+    /// The system prompt of each session.
+    pub systems: Vec<usize>,
+    /// The prefill rate prefixlb had learned of each engine at the pass's end (its metrics'
+    /// lines).
+    pub learned: Vec<String>,
 }
 
 /// The engines the routers are in front of.
@@ -82,7 +90,11 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
         turns.extend(s.await.map_err(|e| e.to_string())?);
     }
     let wall = start.elapsed();
-    let moved = moved_turns(&running.access_log());
+    let peers = peers_of(&running.access_log());
+    let moved = (!peers.is_empty()).then(|| moved_turns(&peers));
+    let learned = running
+        .series("prefixlb_peer_prefill_tokens_per_second")
+        .await;
     drop(running);
     let after = match engines {
         Engines::Llama(_) => {
@@ -104,18 +116,16 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
         wall,
         engine_cached,
         moved,
+        peers,
+        systems: workload.sessions.iter().map(|s| s.system).collect(),
+        learned,
     })
 }
 
-/// Later turns that went to another engine than their session's turn before, read from
-/// prefixlb's access log, whose `request_id` is the client's `s{session}-t{turn}`. Each such
-/// turn prefills its conversation again, all but the system prompt: what routing for load
-/// costs the cache.
-fn moved_turns(log: &str) -> Option<usize> {
-    if log.is_empty() {
-        return None;
-    }
-    let mut peers = std::collections::BTreeMap::new();
+/// The engine of each turn, read from prefixlb's access log, whose `request_id` is the
+/// client's `s{session}-t{turn}`; empty for the other routers.
+fn peers_of(log: &str) -> BTreeMap<(usize, usize), String> {
+    let mut peers = BTreeMap::new();
     for line in log.lines() {
         let field = |name: &str| line.split(' ').find_map(|w| w.strip_prefix(name));
         let (Some(id), Some(peer)) = (field("request_id="), field("peer=")) else {
@@ -123,16 +133,23 @@ fn moved_turns(log: &str) -> Option<usize> {
         };
         let turn = id.strip_prefix('s').and_then(|id| id.split_once("-t"));
         if let Some((Ok(s), Ok(t))) = turn.map(|(s, t)| (s.parse::<usize>(), t.parse::<usize>())) {
-            peers.insert((s, t), peer);
+            peers.insert((s, t), peer.to_owned());
         }
     }
+    peers
+}
+
+/// Later turns that went to another engine than their session's turn before. Each such turn
+/// prefills its conversation again, all but the system prompt: what routing for load costs
+/// the cache.
+fn moved_turns(peers: &BTreeMap<(usize, usize), String>) -> usize {
     let moved = peers.iter().filter(|((s, t), peer)| {
         *t > 0
             && peers
                 .get(&(*s, t - 1))
                 .is_some_and(|before| before != *peer)
     });
-    Some(moved.count())
+    moved.count()
 }
 
 /// A session's turns, each resending the whole conversation; a failed turn leaves an empty
