@@ -408,6 +408,55 @@ fn a_new_conversation_warms_an_idle_peer_when_the_warm_ones_are_busy() {
 }
 
 #[test]
+fn a_second_copy_of_a_prefix_needs_a_free_slot() {
+    // Placed as new by this process alone (no primary is priced as holding the conversation),
+    // and no balance bound: only the prices choose.
+    let room = Balance {
+        balance_factor: None,
+        ..PLACED
+    };
+    let anywhere = Balance {
+        cost: CostModel {
+            tuning: Tuning {
+                copies_need_room: false,
+                ..Tuning::DEFAULT
+            },
+            ..PLACED.cost
+        },
+        ..room
+    };
+    // As above: a protocol on two peers running twelve streams each, and a third, cold, whose
+    // engine runs two at once, with `taken` of them running: whether a new conversation on the
+    // protocol goes to the cold one.
+    let goes_cold = |balance: &Balance, taken: usize| {
+        let cluster = Cluster::new(&specs(3, UNLIMITED), RingConfig::default());
+        let peers = cluster.peers().to_vec();
+        let protocol = "Follow the ward's protocol. ".repeat(880);
+        let earlier = format!("{protocol}Doctor: {}\nAssistant: ", "scan ".repeat(400));
+        for warm in &peers[..2] {
+            cluster
+                .record()
+                .record(&completion(&earlier).blocks, warm.serial());
+        }
+        let _busy = [streams(&peers[0], 12), streams(&peers[1], 12)];
+        known_slots(&peers[2], 2);
+        let _running = streams(&peers[2], taken);
+        let new = format!("{protocol}Doctor: {}\nAssistant: ", "triage ".repeat(400));
+        let r = cluster
+            .select(balance, completion(&new), &[])
+            .routed()
+            .unwrap();
+        Arc::ptr_eq(r.slot.peer(), &peers[2])
+    };
+    // A slot free: the copy goes there, and the prefix has a second home.
+    assert!(goes_cold(&room, 1));
+    // Both slots taken: the copy would only queue there, so a warm peer takes it; with
+    // `copies_need_room` off, the price still sends it to the cold one.
+    assert!(!goes_cold(&room, 2));
+    assert!(goes_cold(&anywhere, 2));
+}
+
+#[test]
 fn a_full_engine_is_priced_by_its_queue() {
     let cluster = Cluster::new(&specs(3, UNLIMITED), RingConfig::default());
     let h = key(3);

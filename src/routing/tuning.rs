@@ -36,6 +36,14 @@ pub struct Tuning {
     /// bench's `chats` and `hot` shapes; 0.1 and 0.5 stay within repeated runs' noise on the
     /// tuning seeds (`docs/benchmarks.md`, 2026-12-04).
     pub spill_share: f64,
+    /// Whether a request may go where it must prefill more of its prompt than at home only onto
+    /// a peer with a running slot free (when its engine has shown its slots): a second copy of
+    /// a prefix on a saturated engine adds work to a cluster with none to spare, and buys no
+    /// throughput. Home may still refuse it at its bound. Origin: on two saturated vLLM engines
+    /// (three seeds) TTFT p50 0.80x, p99 0.73x, 0.8 points more hits; on two llama.cpp engines
+    /// (three other seeds) and the cluster bench's tuning seeds within the noise
+    /// (`docs/real-engines.md`, `docs/benchmarks.md`, 2026-12-05).
+    pub copies_need_room: bool,
     /// The turns a new conversation is expected to send after this one, each paying again for
     /// a placement away from its shared prefix. Origin: the bench's conversations (4 turns).
     pub future_turns: f64,
@@ -79,6 +87,7 @@ impl Tuning {
         default_decode: Duration::from_millis(500),
         spill_margin: Duration::from_millis(5),
         spill_share: 0.25,
+        copies_need_room: true,
         future_turns: 3.0,
         unknown_capacity_floor: 4,
         conversation_floor: 8,

@@ -106,6 +106,7 @@ fn tuning(a: &Advanced) -> Result<Tuning, ConfigError> {
         // No margin is a choice a sweep may make: any cheaper peer takes the request.
         spill_margin: Duration::from_millis(a.spill_margin_ms),
         spill_share: share(&field("spill_share"), a.spill_share)?,
+        copies_need_room: a.copies_need_room,
         future_turns: non_negative(&field("future_turns"), a.future_turns)?,
         unknown_capacity_floor: floor("unknown_capacity_floor", a.unknown_capacity_floor)?,
         conversation_floor: floor("conversation_floor", a.conversation_floor)?,

@@ -105,6 +105,12 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     };
     for p in priced[..n].iter_mut().filter(|p| p.2 != home) {
         p.0 += margin;
+        // A copy onto an engine with no slot free is tried only when home refuses.
+        let peer = &view.peers[p.1];
+        let full = peer.capacity() > 0 && peer.load() >= peer.capacity();
+        if tuning.copies_need_room && p.3 < hits[home] && full {
+            p.0 = u64::MAX;
+        }
     }
     let priced = &mut priced[..n];
     priced.sort_unstable_by_key(|&(cost, _, place, _)| (cost, place != home, place));
