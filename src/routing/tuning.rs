@@ -41,8 +41,10 @@ pub struct Tuning {
     /// a prefix on a saturated engine adds work to a cluster with none to spare, and buys no
     /// throughput. Home may still refuse it at its bound. Origin: on two saturated vLLM engines
     /// (three seeds) TTFT p50 0.80x, p99 0.73x, 0.8 points more hits; on two llama.cpp engines
-    /// (three other seeds) and the cluster bench's tuning seeds within the noise
-    /// (`docs/real-engines.md`, `docs/benchmarks.md`, 2026-12-05).
+    /// (three other seeds) and over the cluster bench's tuning seeds within the noise, but for
+    /// its `histories` shape on the `engine` model, 3-5 points fewer hits (caches under
+    /// pressure evict more where copies stay home); `docs/real-engines.md`,
+    /// `docs/benchmarks.md`, 2026-12-05.
     pub copies_need_room: bool,
     /// The turns a new conversation is expected to send after this one, each paying again for
     /// a placement away from its shared prefix. Origin: the bench's conversations (4 turns).

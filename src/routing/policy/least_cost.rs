@@ -14,6 +14,10 @@ use crate::routing::peer::Peer;
 use crate::routing::record::Holdings;
 use crate::routing::slot::Slot;
 
+/// What a copy onto a full engine adds to its price in milliseconds: more than any price, so
+/// that it comes after every peer priced in full.
+const PRICED_OUT: u64 = 1 << 48;
+
 /// Prices the first usable peers of the key's walk and the peers that hold part of the
 /// prompt lately (and, for a new conversation on a shared prefix, the least loaded peer,
 /// with the conversation's turns to come), and takes the cheapest one under its bound;
@@ -105,11 +109,12 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     };
     for p in priced[..n].iter_mut().filter(|p| p.2 != home) {
         p.0 += margin;
-        // A copy onto an engine with no slot free is tried only when home refuses.
+        // A copy onto an engine with no slot free is tried only when home refuses, and
+        // then in the order of its price among the others priced out.
         let peer = &view.peers[p.1];
         let full = peer.capacity() > 0 && peer.load() >= peer.capacity();
         if tuning.copies_need_room && p.3 < hits[home] && full {
-            p.0 = u64::MAX;
+            p.0 = p.0.saturating_add(PRICED_OUT);
         }
     }
     let priced = &mut priced[..n];
