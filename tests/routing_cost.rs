@@ -377,11 +377,10 @@ fn a_conversation_stays_with_its_history_where_a_new_one_would_not() {
     );
 }
 
-#[test]
-fn a_new_conversation_warms_an_idle_peer_when_the_warm_ones_are_busy() {
-    let cluster = Cluster::new(&specs(4, UNLIMITED), RingConfig::default());
-    let peers = cluster.peers().to_vec();
-    // A 6 000-token protocol on two peers, each running three streams.
+/// A 6 000-token protocol recorded on the cluster's first two peers, each running `busy`
+/// streams (held by the slots returned), and the opening of a new conversation on it.
+fn protocol_on_two_busy_peers(cluster: &Cluster, busy: usize) -> (String, [Vec<Slot>; 2]) {
+    let peers = cluster.peers();
     let protocol = "Follow the ward's protocol. ".repeat(880);
     let earlier = format!("{protocol}Doctor: {}\nAssistant: ", "scan ".repeat(400));
     for warm in &peers[..2] {
@@ -389,12 +388,20 @@ fn a_new_conversation_warms_an_idle_peer_when_the_warm_ones_are_busy() {
             .record()
             .record(&completion(&earlier).blocks, warm.serial());
     }
-    let _held = [streams(&peers[0], 3), streams(&peers[1], 3)];
+    let held = [streams(&peers[0], busy), streams(&peers[1], busy)];
+    let new = format!("{protocol}Doctor: {}\nAssistant: ", "triage ".repeat(400));
+    (new, held)
+}
+
+#[test]
+fn a_new_conversation_warms_an_idle_peer_when_the_warm_ones_are_busy() {
+    let cluster = Cluster::new(&specs(4, UNLIMITED), RingConfig::default());
+    let peers = cluster.peers().to_vec();
+    let (new, _held) = protocol_on_two_busy_peers(&cluster, 3);
     // This turn alone is cheaper on a warm peer (700 new tokens beside three streams and a
     // quarter of one to come: 0.33 s) than on a cold one (6 900 tokens: 0.86 s); with the
     // conversation's turns to come, each as large and beside three streams there or none, the
     // cold peer is cheaper.
-    let new = format!("{protocol}Doctor: {}\nAssistant: ", "triage ".repeat(400));
     let r = cluster
         .select(&COST, completion(&new), &[])
         .routed()
@@ -425,23 +432,15 @@ fn a_second_copy_of_a_prefix_needs_a_free_slot() {
         },
         ..room
     };
-    // As above: a protocol on two peers running twelve streams each, and a third, cold, whose
+    // The protocol on two peers running twelve streams each, and a third, cold, whose
     // engine runs two at once, with `taken` of them running: whether a new conversation on the
     // protocol goes to the cold one.
     let goes_cold = |balance: &Balance, taken: usize| {
         let cluster = Cluster::new(&specs(3, UNLIMITED), RingConfig::default());
         let peers = cluster.peers().to_vec();
-        let protocol = "Follow the ward's protocol. ".repeat(880);
-        let earlier = format!("{protocol}Doctor: {}\nAssistant: ", "scan ".repeat(400));
-        for warm in &peers[..2] {
-            cluster
-                .record()
-                .record(&completion(&earlier).blocks, warm.serial());
-        }
-        let _busy = [streams(&peers[0], 12), streams(&peers[1], 12)];
+        let (new, _busy) = protocol_on_two_busy_peers(&cluster, 12);
         known_slots(&peers[2], 2);
         let _running = streams(&peers[2], taken);
-        let new = format!("{protocol}Doctor: {}\nAssistant: ", "triage ".repeat(400));
         let r = cluster
             .select(balance, completion(&new), &[])
             .routed()
