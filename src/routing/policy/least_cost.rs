@@ -26,7 +26,9 @@ const PRICED_OUT: u64 = 1 << 48;
 /// seen its conversation) only by more than the tuning's `spill_margin` (and, from a
 /// conversation's own home, its `spill_share` of home's cost), and ties go to home, then to
 /// the earlier peer of the walk, so that processes that see the same loads choose alike and
-/// noise does not move keys.
+/// noise does not move keys. With the tuning's `copies_need_room`, a peer that would prefill
+/// more of the prompt than home comes after all the others while its engine's running slots
+/// are all taken.
 pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Decision {
     let tuning = &balance.cost.tuning;
     let prompt_tokens = demand.prompt_tokens;
