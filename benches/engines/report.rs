@@ -90,7 +90,7 @@ impl Stats {
             prompt_tokens: ok.iter().map(|t| t.prompt as f64).sum(),
             cached_tokens: ok.iter().map(|t| t.cached as f64).sum(),
             engine_cached_total: pass.engine_cached.iter().sum(),
-            moved: pass.moved.map(|m| m as f64),
+            moved: pass.moved().map(|m| m as f64),
             cold_opens,
             lost_histories,
             turns: turn_details(pass),

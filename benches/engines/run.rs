@@ -27,10 +27,8 @@ pub struct Pass {
     /// Prompt tokens each engine's own counter says it found cached during the pass
     /// (`llamacpp:prompt_tokens_cached_total`, `vllm:prompt_tokens_cached_total`).
     pub engine_cached: Vec<f64>,
-    /// Later turns sent to another engine than their session's turn before; `None` for a
-    /// router that writes no access log (all but prefixlb).
-    pub moved: Option<usize>,
-    /// The engine of each turn, by (session, turn), as prefixlb's access log names it.
+    /// The engine of each turn, by (session, turn), as prefixlb's access log names it; empty
+    /// for the other routers.
     pub peers: BTreeMap<(usize, usize), String>,
     /// The system prompt of each session.
     pub systems: Vec<usize>,
@@ -91,7 +89,6 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
     }
     let wall = start.elapsed();
     let peers = peers_of(&running.access_log());
-    let moved = (!peers.is_empty()).then(|| moved_turns(&peers));
     let learned = running
         .series("prefixlb_peer_prefill_tokens_per_second")
         .await;
@@ -115,7 +112,6 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
         turns,
         wall,
         engine_cached,
-        moved,
         peers,
         systems: workload.sessions.iter().map(|s| s.system).collect(),
         learned,
@@ -139,17 +135,20 @@ fn peers_of(log: &str) -> BTreeMap<(usize, usize), String> {
     peers
 }
 
-/// Later turns that went to another engine than their session's turn before. Each such turn
-/// prefills its conversation again, all but the system prompt: what routing for load costs
-/// the cache.
-fn moved_turns(peers: &BTreeMap<(usize, usize), String>) -> usize {
-    let moved = peers.iter().filter(|((s, t), peer)| {
-        *t > 0
-            && peers
-                .get(&(*s, t - 1))
-                .is_some_and(|before| before != *peer)
-    });
-    moved.count()
+impl Pass {
+    /// Later turns that went to another engine than their session's turn before; `None` for a
+    /// router that writes no access log (all but prefixlb). Each such turn prefills its
+    /// conversation again, all but the system prompt: what routing for load costs the cache.
+    pub fn moved(&self) -> Option<usize> {
+        let peers = &self.peers;
+        let moved = peers.iter().filter(|((s, t), peer)| {
+            *t > 0
+                && peers
+                    .get(&(*s, t - 1))
+                    .is_some_and(|before| before != *peer)
+        });
+        (!peers.is_empty()).then(|| moved.count())
+    }
 }
 
 /// A session's turns, each resending the whole conversation; a failed turn leaves an empty

@@ -92,6 +92,13 @@ pub struct Pricing {
     pub hit: f64,
 }
 
+impl Pricing {
+    /// Whether its engine has shown its running slots and every one of them is taken.
+    pub fn slots_taken(&self) -> bool {
+        self.capacity > 0 && self.load >= self.capacity
+    }
+}
+
 impl CostModel {
     /// The expected time to first token, plus what decode will add, of a request with
     /// `prompt_tokens` on a peer in state `p`, in seconds.

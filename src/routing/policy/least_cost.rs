@@ -87,19 +87,24 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     // are compared to the millisecond: finer differences are noise of each process's
     // learned stream times, and would break ties that processes should break alike.
     let mut priced = [(0u64, 0, 0, 0.0); MAX_CANDIDATES as usize];
+    // Whether each priced peer's engine had every running slot taken, as priced.
+    let mut slots_taken = [false; MAX_CANDIDATES as usize];
     for (place, &idx) in candidates[..n].iter().enumerate() {
-        let peer = &view.peers[idx];
         let hit = hits[place];
-        let mut cost = balance.cost.estimate(&peer.pricing(hit), prompt_tokens);
+        // One read of the peer's state for this request's price and its later turns'.
+        let now = view.peers[idx].pricing(hit);
+        let mut cost = balance.cost.estimate(&now, prompt_tokens);
         if new_conversation {
             // Later turns come after the prefill queued there now has drained.
             let later = Pricing {
                 prefill_queue: 0,
-                ..peer.pricing(0.0)
+                hit: 0.0,
+                ..now
             };
             cost += tuning.future_turns * balance.cost.estimate(&later, turn_tokens);
         }
         priced[place] = ((cost * 1000.0).round() as u64, idx, place, hit);
+        slots_taken[place] = now.slots_taken();
     }
     // A conversation's own turns leave its history only for a clear gain; a new one
     // leaves home for any.
@@ -113,9 +118,7 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
         p.0 += margin;
         // A copy onto an engine with no slot free is tried only when home refuses, and
         // then in the order of its price among the others priced out.
-        let peer = &view.peers[p.1];
-        let full = peer.capacity() > 0 && peer.load() >= peer.capacity();
-        if tuning.copies_need_room && p.3 < hits[home] && full {
+        if tuning.copies_need_room && p.3 < hits[home] && slots_taken[p.2] {
             p.0 = p.0.saturating_add(PRICED_OUT);
         }
     }
