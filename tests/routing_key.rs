@@ -1,13 +1,19 @@
 //! Routing-key extraction: stable across turns, distinct across conversations, and safe on any
 //! prefix of any body.
 
-use http::{HeaderMap, HeaderValue, Method};
+use http::{HeaderMap, Method};
 use prefixlb::routing::*;
 use proptest::prelude::*;
 
 // The Anthropic Messages and OpenAI Responses shapes, with this file's helpers.
 #[path = "routing_key/api_shapes.rs"]
 mod api_shapes;
+// Where a key comes from besides the body, and why it falls back.
+#[path = "routing_key/fallback.rs"]
+mod fallback;
+// Cut and arbitrary bodies: never a panic, never a key that a longer cut contradicts.
+#[path = "routing_key/robustness.rs"]
+mod robustness;
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -248,211 +254,4 @@ fn completions_and_generate_use_a_character_prefix() {
         &format!(r#"{{"text":"{long}","sampling_params":{{}}}}"#),
     );
     assert_eq!(g.source, KeySource::Generate);
-}
-
-#[test]
-fn session_header_wins_and_other_routes_fall_back() {
-    let mut headers = HeaderMap::new();
-    headers.insert("x-session-id", HeaderValue::from_static("conv-1"));
-    let ex = extractor();
-    let with_header = |body: &[u8]| {
-        ex.key_for(&RequestParts {
-            method: &Method::POST,
-            path: CHAT,
-            headers: &headers,
-            client: None,
-            body,
-            end: BodyEnd::More,
-        })
-    };
-    let Extract::Key(k) = with_header(b"") else {
-        panic!("a session header needs no body")
-    };
-    assert_eq!(k.source, KeySource::SessionHeader);
-    assert_eq!(with_header(b"{\"model\":"), Extract::Key(k));
-    assert_eq!(ex.body_kind(&Method::POST, CHAT, &headers), None);
-    assert_eq!(
-        ex.body_kind(&Method::POST, CHAT, &HeaderMap::new()),
-        Some(BodyKind::Chat)
-    );
-    assert_eq!(ex.body_kind(&Method::GET, CHAT, &HeaderMap::new()), None);
-
-    let Extract::Key(models) = key_of("/v1/models", b"", BodyEnd::Complete) else {
-        panic!()
-    };
-    assert_eq!(models.source, KeySource::ClientAddr);
-    assert_eq!(models.fallback, Some(FallbackReason::NoKeySource));
-}
-
-#[test]
-fn bad_bodies_fall_back_with_a_reason() {
-    let cases: &[(&[u8], FallbackReason)] = &[
-        (b"", FallbackReason::EmptyBody),
-        (b"   ", FallbackReason::EmptyBody),
-        (b"not json", FallbackReason::InvalidJson),
-        (b"[1,2,3]", FallbackReason::WrongShape),
-        (br#"{"messages":"hi"}"#, FallbackReason::WrongShape),
-        (br#"{"messages":[1]}"#, FallbackReason::WrongShape),
-        (
-            br#"{"messages":[{"role":"user","content":7}]}"#,
-            FallbackReason::WrongShape,
-        ),
-        (br#"{"model":"m"}"#, FallbackReason::NoPrompt),
-        // Breaks off before the key is complete. (Past that point the rest is not read: the
-        // upstream judges the body.)
-        (
-            br#"{"model":"m","messages":[{"role":"user","content":"x""#,
-            FallbackReason::InvalidJson,
-        ),
-        (
-            b"{\"model\":\"\xff\xfe\",\"messages\":[]}",
-            FallbackReason::InvalidUtf8,
-        ),
-    ];
-    for (body, reason) in cases {
-        let Extract::Key(k) = key_of(CHAT, body, BodyEnd::Complete) else {
-            panic!(
-                "complete body {:?} asked for more",
-                String::from_utf8_lossy(body)
-            )
-        };
-        assert_eq!(
-            k.fallback,
-            Some(*reason),
-            "{:?}",
-            String::from_utf8_lossy(body)
-        );
-        assert_eq!(k.source, KeySource::ClientAddr);
-    }
-    let deep = format!(
-        r#"{{"extra":{}1{},"messages":[]}}"#,
-        "[".repeat(5000),
-        "]".repeat(5000)
-    );
-    let Extract::Key(k) = key_of(CHAT, deep.as_bytes(), BodyEnd::Complete) else {
-        panic!()
-    };
-    assert_eq!(k.fallback, Some(FallbackReason::TooDeep));
-
-    let none = KeyExtractor::new(KeyConfig {
-        fallback: Fallback::None,
-        ..KeyConfig::default()
-    });
-    let Extract::Key(k) = none.key_for(&RequestParts {
-        method: &Method::POST,
-        path: CHAT,
-        headers: &HeaderMap::new(),
-        client: Some("192.0.2.1".parse().unwrap()),
-        body: b"oops",
-        end: BodyEnd::Complete,
-    }) else {
-        panic!()
-    };
-    assert_eq!((k.hash, k.source), (None, KeySource::None));
-}
-
-#[test]
-fn peek_limit_uses_the_key_as_far_as_it_goes() {
-    let body = conversation("s", &"long first message ".repeat(500), 3);
-    let cut = &body.as_bytes()[..2000];
-    let Extract::Key(a) = key_of(CHAT, cut, BodyEnd::Limit) else {
-        panic!()
-    };
-    assert_eq!(a.source, KeySource::Chat);
-    let Extract::Key(b) = key_of(CHAT, &body.as_bytes()[..2000], BodyEnd::Limit) else {
-        panic!()
-    };
-    assert_eq!(a, b);
-    let Extract::Key(nothing) = key_of(CHAT, b"{\"mod", BodyEnd::Limit) else {
-        panic!()
-    };
-    assert_eq!(nothing.fallback, Some(FallbackReason::PeekLimit));
-}
-
-/// Every byte offset of a sample request, under every kind of end: never a panic, a cut body
-/// never yields a key that differs from the full one, and only a complete body is final.
-#[test]
-fn truncation_at_every_offset_never_panics() {
-    let body = format!(
-        r#"{{"model":"qwen2.5-7b","temperature":0.2,"messages":[{{"role":"system","content":"Tu es un assistant \"précis\" \u00e9\n{}"}},{{"role":"user","content":[{{"type":"text","text":"第一个问题 🚀 \\ud83d\\ude80"}}]}},{{"role":"assistant","content":null,"tool_calls":[{{"id":"1"}}]}},{{"role":"user","content":"next"}}],"max_tokens":64}}"#,
-        "règle ".repeat(20)
-    );
-    let full = full_key(CHAT, &body);
-    assert_eq!(full.source, KeySource::Chat);
-    let bytes = body.as_bytes();
-    for cut in 0..=bytes.len() {
-        let prefix = &bytes[..cut];
-        match key_of(CHAT, prefix, BodyEnd::More) {
-            Extract::NeedMore => {}
-            Extract::Key(k) => assert_eq!(k, full, "cut at {cut} gave a different key"),
-            Extract::Deeper(k) => assert_eq!(
-                (k.hash, k.source),
-                (full.hash, full.source),
-                "cut at {cut} gave a different key"
-            ),
-        }
-        let _ = key_of(CHAT, prefix, BodyEnd::Limit);
-        let _ = key_of(CHAT, prefix, BodyEnd::Complete);
-        let _ = key_of("/v1/completions", prefix, BodyEnd::More);
-        let _ = key_of("/generate", prefix, BodyEnd::Limit);
-    }
-}
-
-proptest! {
-    #[test]
-    fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..512)) {
-        for path in [CHAT, "/v1/completions", "/generate"] {
-            for end in [BodyEnd::More, BodyEnd::Complete, BodyEnd::Limit] {
-                let _ = key_of(path, &body, end);
-            }
-        }
-    }
-
-    #[test]
-    fn arbitrary_json_never_panics(v in json_value()) {
-        let body = serde_json::json!({"model": "m", "messages": v.clone(), "prompt": v.clone(), "text": v}).to_string();
-        for path in [CHAT, "/v1/completions", "/generate"] {
-            let _ = key_of(path, body.as_bytes(), BodyEnd::Complete);
-        }
-    }
-}
-
-fn json_value() -> impl Strategy<Value = serde_json::Value> {
-    let leaf = prop_oneof![
-        Just(serde_json::Value::Null),
-        any::<bool>().prop_map(serde_json::Value::from),
-        any::<i64>().prop_map(serde_json::Value::from),
-        "[a-z\"\\\\é🚀]{0,8}".prop_map(serde_json::Value::from),
-    ];
-    leaf.prop_recursive(4, 32, 4, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
-            prop::collection::btree_map("role|content|text|type|[a-z]{1,3}", inner, 0..4)
-                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
-        ]
-    })
-}
-
-/// A body of the wrong type is told from broken JSON only once it has all arrived: the reason
-/// a cut one falls back for must not depend on where the cut fell (found by the `key` fuzzer).
-#[test]
-fn a_wrong_typed_body_waits_for_its_end_to_tell_why_it_falls_back() {
-    let body = br#"["a", "b"]}"#;
-    for cut in 1..body.len() - 1 {
-        assert_eq!(
-            key_of(CHAT, &body[..cut], BodyEnd::More),
-            Extract::NeedMore,
-            "cut at {cut}"
-        );
-    }
-    let whole = full_key(CHAT, std::str::from_utf8(body).unwrap());
-    assert_eq!(whole.fallback, Some(FallbackReason::WrongShape));
-    let truncated = full_key(CHAT, r#"["a", "b"#);
-    assert_eq!(truncated.fallback, Some(FallbackReason::InvalidJson));
-    // A number that has arrived up to the cut may still grow into an invalid one.
-    assert_eq!(key_of(CHAT, b"6", BodyEnd::More), Extract::NeedMore);
-    assert_eq!(
-        full_key(CHAT, "66en").fallback,
-        Some(FallbackReason::InvalidJson)
-    );
 }

@@ -106,7 +106,7 @@ async fn first_byte(stream: &mut Stream) -> Option<u8> {
 
 /// Whether Pingora carries bytes of the next request over to it. Its settings do not say so
 /// but in their `Debug` form, which this reads up to that field and no further;
-/// a test below and `tests/proxy.rs`'s pipelining test fail if that form changes.
+/// a test below and `tests/proxy/http1.rs`'s pipelining test fail if that form changes.
 fn holds_pipelined_bytes(settings: &HttpPersistentSettings) -> bool {
     let mut probe = FieldProbe::default();
     // The probe stops the formatting once it knows.

@@ -1,6 +1,9 @@
 //! What operators see: Prometheus metrics and the access log.
 
+mod access_log;
+#[path = "../common/mod.rs"]
 mod common;
+mod removed_peers;
 
 use std::time::Duration;
 
@@ -237,139 +240,6 @@ async fn rejections_failures_and_reloads_are_counted() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_access_log_has_a_line_per_request_and_no_prompt_text() {
-    let up = start_upstream("a").await;
-    let cfg = TestConfig::new().peers(&[&up]).access_log("json");
-    let proxy = start_proxy(&cfg).await;
-    let c = client();
-    let secret = "patient Jane Doe, date of birth 1970-01-01";
-    for _ in 0..3 {
-        let r = c
-            .post(proxy.url(CHAT))
-            .body(chat("sys", secret, 1, false))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        r.bytes().await.unwrap();
-    }
-    let r = c.get(proxy.url("/v1/models")).send().await.unwrap();
-    r.bytes().await.unwrap();
-    let start = std::time::Instant::now();
-    let lines = loop {
-        let log = proxy.access_log();
-        let lines: Vec<serde_json::Value> = log
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("a JSON line"))
-            .collect();
-        if lines.len() >= 4 || start.elapsed() > Duration::from_secs(5) {
-            assert!(
-                !log.contains("Jane"),
-                "the prompt leaked into the access log"
-            );
-            break lines;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(lines.len(), 4);
-    let chat_line = &lines[0];
-    assert_eq!(chat_line["method"], "POST");
-    assert_eq!(chat_line["path"], CHAT);
-    assert_eq!(chat_line["status"], 200);
-    assert_eq!(chat_line["peer"], up.addr_str());
-    assert_eq!(chat_line["route"], "primary");
-    assert_eq!(chat_line["key_source"], "chat");
-    assert_eq!(chat_line["key_hash"].as_str().unwrap().len(), 16);
-    assert!(chat_line["bytes_in"].as_u64().unwrap() > 50);
-    assert!(chat_line["bytes_out"].as_u64().unwrap() > 10);
-    assert!(chat_line["ttft_ms"].is_u64() && chat_line["duration_ms"].is_u64());
-    assert!(chat_line["time"].as_str().unwrap().ends_with('Z'));
-    // Same conversation, same key.
-    assert_eq!(lines[1]["key_hash"], chat_line["key_hash"]);
-    assert_eq!(lines[3]["key_source"], "client_addr");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_removed_peer_leaves_no_series_behind() {
-    let ups = upstreams::<2>().await;
-    let dir = tempfile::tempdir().unwrap();
-    let peers = dir.path().join("peers.yaml");
-    std::fs::write(&peers, TestConfig::new().peers(&ups).to_yaml()).unwrap();
-    let cfg = TestConfig::new().peers_file(&peers).reload_interval_ms(20);
-    let proxy = start_proxy(&cfg).await;
-    let c = client();
-    for i in 0..20 {
-        let r = c
-            .post(proxy.url(CHAT))
-            .body(chat("s", &format!("c{i}"), 1, false))
-            .send()
-            .await
-            .unwrap();
-        r.bytes().await.unwrap();
-    }
-    let b = ups[1].addr_str();
-    let m = scrape(&proxy.metrics().await);
-    assert!(!find(&m, "prefixlb_peer_requests_total", &[("peer", &b)]).is_empty());
-    std::fs::write(&peers, TestConfig::new().peers(&[&ups[0]]).to_yaml()).unwrap();
-    let start = std::time::Instant::now();
-    while proxy.peers().await["peers"].as_array().unwrap().len() != 1 {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "the reload did not happen"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let m = scrape(&proxy.metrics().await);
-    let left = with_label(&m, "peer", &b);
-    assert!(left.is_empty(), "series of the removed peer: {left:?}");
-    assert!(!find(
-        &m,
-        "prefixlb_peer_requests_total",
-        &[("peer", &ups[0].addr_str())]
-    )
-    .is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_peer_removed_mid_stream_leaves_no_series_when_the_stream_ends() {
-    let ups = upstreams::<2>().await;
-    let dir = tempfile::tempdir().unwrap();
-    let peers = dir.path().join("peers.yaml");
-    std::fs::write(&peers, TestConfig::new().peers(&[&ups[0]]).to_yaml()).unwrap();
-    let cfg = TestConfig::new()
-        .peers_file(&peers)
-        .reload_interval_ms(20)
-        .no_health_check();
-    let proxy = start_proxy(&cfg).await;
-    let a = ups[0].addr_str();
-    let stream = open_stream(&proxy, 10, 100).await;
-    // Removed while its stream runs, by a rename, as a peers file should be written.
-    let tmp = dir.path().join("peers.tmp");
-    std::fs::write(&tmp, TestConfig::new().peers(&[&ups[1]]).to_yaml()).unwrap();
-    std::fs::rename(&tmp, &peers).unwrap();
-    let start = std::time::Instant::now();
-    while proxy.peers().await["peers"][0]["address"] != ups[1].addr_str() {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "the reload did not happen"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let text = stream.text().await.unwrap();
-    assert!(
-        text.ends_with("data: [DONE]\n\n"),
-        "the stream was cut: {text}"
-    );
-    proxy.assert_idle().await;
-    let m = scrape(&proxy.metrics().await);
-    let left = with_label(&m, "peer", &a);
-    assert!(
-        left.is_empty(),
-        "series of the removed peer came back: {left:?}"
-    );
 }
 
 /// Slow clients that each hold part of a body cannot take more memory than the peek budget:

@@ -1,0 +1,121 @@
+//! Keys among busy peers: a key's concurrent requests stay together while its peer has slots,
+//! a long prefill queue or a full engine sends the next elsewhere, and a request without a key
+//! or prompt is still routed until every peer is at its ceiling.
+
+use std::sync::Arc;
+
+use prefixlb::routing::*;
+
+use crate::{ask, key, known_slots, specs, walk, COST};
+
+/// The first key of `key(from)`, `key(from + 1)`, ... whose primary is (or, `on: false`, is not) `peer`.
+fn key_with_primary(c: &Cluster, from: u64, peer: &Arc<Peer>, on: bool) -> u64 {
+    (from..)
+        .map(key)
+        .find(|&k| Arc::ptr_eq(&walk(c, k)[0], peer) == on)
+        .unwrap()
+}
+
+#[test]
+fn concurrent_requests_of_one_key_stay_together_while_its_peer_has_slots() {
+    let cluster = Cluster::new(&specs(4, UNLIMITED), RingConfig::default());
+    let h = key(1);
+    let primary = &walk(&cluster, h)[0];
+    // Bounded hashing would split the second request already: ceil(1.25 · 2 / 4) = 1.
+    // 2 000 tokens: 0.2 s of prefill on a cold peer, more than the new turns queued here.
+    let held: Vec<Routed> = (0..Tuning::DEFAULT.unknown_capacity_floor)
+        .map(|_| cluster.select(&COST, ask(h, 2_000), &[]).routed().unwrap())
+        .collect();
+    assert!(held.iter().all(|r| Arc::ptr_eq(r.slot.peer(), primary)));
+    assert!(held.iter().all(|r| r.route == Route::Primary));
+    // Once the engine has shown it runs 8, the floor is 8 and the cost rule alone decides: with
+    // the four streaming, a fifth costs less here (its new turn, shared with their steps, and
+    // their decode share: 0.14 s) than a cold prefill (0.2 s).
+    let mut held = held;
+    for r in &mut held {
+        r.slot.prefilled();
+    }
+    known_slots(primary, 8);
+    let fifth = cluster.select(&COST, ask(h, 2_000), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(fifth.slot.peer(), primary));
+}
+
+#[test]
+fn a_long_prefill_queue_sends_the_key_to_a_cold_peer_and_it_turns_warm() {
+    let cluster = Cluster::new(&specs(4, UNLIMITED), RingConfig::default());
+    let h = key(2);
+    let peers = walk(&cluster, h);
+    // 3 s of prefill ahead on the primary (three 10 000-token prompts of other keys).
+    let mut ahead = Vec::new();
+    for _ in 0..3 {
+        let mut slot = peers[0].take();
+        slot.expect_prefill(10_000, 0.0, 10_000);
+        ahead.push(slot);
+    }
+    let spilled = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(spilled.slot.peer(), &peers[1]));
+    assert_eq!(spilled.route, Route::Overflow);
+    drop(spilled);
+    // The next peer of the walk is busier now than the third; the one that served the key
+    // last holds its newest turns, and wins over the idle cold one.
+    let mut other = peers[1].take();
+    other.expect_prefill(1_000, 0.0, 1_000);
+    let again = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(again.slot.peer(), &peers[1]), "went cold");
+    assert_eq!(again.route, Route::Replica);
+    drop(again);
+    // The primary's queue clears, but the conversation moved: it stays where its newest turns
+    // are while that peer is cheaper...
+    drop(ahead);
+    let stays = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(stays.slot.peer(), &peers[1]));
+    drop(stays);
+    // ...and comes home once it is not: the primary still holds the turns up to the spill.
+    let mut busy = vec![other];
+    for _ in 0..2 {
+        let mut slot = peers[1].take();
+        slot.expect_prefill(10_000, 0.0, 10_000);
+        busy.push(slot);
+    }
+    let home = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    assert_eq!(home.route, Route::Primary);
+    drop((home, busy));
+    let settled = cluster.select(&COST, ask(h, 4_000), &[]).routed().unwrap();
+    assert_eq!(settled.route, Route::Primary, "it served the key last");
+}
+
+#[test]
+fn a_full_engine_is_priced_by_its_queue() {
+    let cluster = Cluster::new(&specs(3, UNLIMITED), RingConfig::default());
+    let h = key(3);
+    let peers = walk(&cluster, h);
+    known_slots(&peers[0], 2);
+    let held: Vec<Slot> = (0..2).map(|_| peers[0].take()).collect();
+    // Both slots are taken: a third would wait half a stream time (0.5 s assumed) behind them,
+    // dearer than a cold 1 000-token prefill elsewhere (0.1 s).
+    let r = cluster.select(&COST, ask(h, 1_000), &[]).routed().unwrap();
+    assert!(!Arc::ptr_eq(r.slot.peer(), &peers[0]));
+    // Another key of the same primary, once a slot is free, goes home.
+    let other = key_with_primary(&cluster, 4, &peers[0], true);
+    drop(held);
+    let r = cluster
+        .select(&COST, ask(other, 1_000), &[])
+        .routed()
+        .unwrap();
+    assert!(Arc::ptr_eq(r.slot.peer(), &peers[0]));
+}
+
+#[test]
+fn a_request_without_a_key_or_prompt_is_still_routed() {
+    let cluster = Cluster::new(&specs(3, 1), RingConfig::default());
+    let a = cluster.select(&COST, None, &[]).routed().unwrap();
+    let b = cluster.select(&COST, Some(key(4)), &[]).routed().unwrap();
+    assert!(!Arc::ptr_eq(a.slot.peer(), b.slot.peer()));
+    let c = cluster.select(&COST, Some(key(4)), &[]).routed().unwrap();
+    assert!(matches!(
+        cluster.select(&COST, Some(key(4)), &[]),
+        Decision::Saturated
+    ));
+    drop((a, b, c));
+    assert_eq!(cluster.in_flight(), 0);
+}
