@@ -95,12 +95,24 @@ pub const ROUTERS: [Router; 15] = [
     Router::HaproxyBounded,
 ];
 
-/// `BENCH_PREFIXLB_ADVANCED=key=value,...`: figures of prefixlb's `advanced:` section, set on
-/// every prefixlb row (and named in it), for a sweep or for measuring what one part brings.
-fn advanced() -> Option<String> {
-    std::env::var("BENCH_PREFIXLB_ADVANCED")
-        .ok()
-        .filter(|s| !s.is_empty())
+/// `BENCH_PREFIXLB_ADVANCED=key=value,...` and `BENCH_PREFIXLB_ROUTING=key=value,...`: keys of
+/// prefixlb's `advanced:` and `routing:` sections (values in YAML), set on every prefixlb row
+/// and named in it, for a sweep or for measuring what one part brings. A diagnostic may tell
+/// prefixlb what it should learn (`routing.prefill_tokens_per_second`); a verdict sets none.
+fn settings() -> Vec<(&'static str, String)> {
+    [
+        ("advanced", "BENCH_PREFIXLB_ADVANCED"),
+        ("routing", "BENCH_PREFIXLB_ROUTING"),
+    ]
+    .into_iter()
+    .flat_map(|(section, var)| {
+        let list = std::env::var(var).unwrap_or_default();
+        list.split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| (section, s.to_owned()))
+            .collect::<Vec<_>>()
+    })
+    .collect()
 }
 
 impl Router {
@@ -124,7 +136,19 @@ impl Router {
                     (n, true) => format!(" ×{n}"),
                     (n, false) => format!(" ×{n} apart"),
                 };
-                let tuned = advanced().map(|a| format!(" [{a}]")).unwrap_or_default();
+                // The advanced keys bare, as the docs' earlier rows name them.
+                let tuned: Vec<String> = settings()
+                    .into_iter()
+                    .map(|(section, s)| match section {
+                        "advanced" => s,
+                        _ => format!("{section}.{s}"),
+                    })
+                    .collect();
+                let tuned = if tuned.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [{}]", tuned.join(","))
+                };
                 format!("prefixlb {policy}{n}{key}{tuned}")
             }
             Router::Vllm(p) => format!("vllm-router {p}, session header"),
@@ -175,11 +199,14 @@ impl Router {
                 if placement {
                     config = config.shared_prefix_placement(true);
                 }
-                for setting in advanced().iter().flat_map(|a| a.split(',')) {
+                for (section, setting) in settings() {
                     let (key, value) = setting
                         .split_once('=')
-                        .expect("BENCH_PREFIXLB_ADVANCED is key=value,...");
-                    config = config.advanced(key, value);
+                        .expect("BENCH_PREFIXLB_ADVANCED and _ROUTING are key=value,...");
+                    config = match section {
+                        "advanced" => config.advanced(key, value),
+                        _ => config.routing(key, value),
+                    };
                 }
                 let told = if exchange {
                     crate::common::replicas(replicas)

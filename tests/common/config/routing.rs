@@ -30,8 +30,17 @@ impl TestConfig {
 
     /// `advanced.<key>`: one figure of the tuning, written as YAML.
     pub fn advanced(self, key: &str, yaml: &str) -> Self {
+        self.yaml(&["advanced", key], yaml)
+    }
+
+    /// `routing.<key>`, written as YAML (`null` lifts a bound).
+    pub fn routing(self, key: &str, yaml: &str) -> Self {
+        self.yaml(&["routing", key], yaml)
+    }
+
+    fn yaml(self, path: &[&str], yaml: &str) -> Self {
         let value: Value = serde_yaml::from_str(yaml).expect("a YAML value");
-        self.set(&["advanced", key], value)
+        self.set(path, value)
     }
 
     pub fn prefix_record_mib(self, mib: u64) -> Self {
