@@ -98,7 +98,8 @@ pub const ROUTERS: [Router; 15] = [
 /// `BENCH_PREFIXLB_ADVANCED=key=value,...` and `BENCH_PREFIXLB_ROUTING=key=value,...`: keys of
 /// prefixlb's `advanced:` and `routing:` sections (values in YAML), set on every prefixlb row
 /// and named in it, for a sweep or for measuring what one part brings. A diagnostic may tell
-/// prefixlb what it should learn (`routing.prefill_tokens_per_second`); a verdict sets none.
+/// prefixlb what it should learn (`routing.prefill_tokens_per_second`). Nothing stops a
+/// verdict run from being given some, but its row names then say so.
 fn settings() -> Vec<(&'static str, String)> {
     [
         ("advanced", "BENCH_PREFIXLB_ADVANCED"),
