@@ -21,6 +21,8 @@ pub struct Stats {
     pub cached_tokens: f64,
     /// `llamacpp:prompt_tokens_cached_total`, summed over the engines.
     pub engine_cached_total: f64,
+    /// Each engine's own counters over the pass.
+    pub engines: Vec<serde_json::Value>,
     /// Later turns that left their session's engine (prefixlb's rows only).
     pub moved: Option<f64>,
     /// From the engines' own reports, for every router: first turns whose engine held less
@@ -89,7 +91,12 @@ impl Stats {
             errors: (pass.turns.len() - ok.len()) as f64,
             prompt_tokens: ok.iter().map(|t| t.prompt as f64).sum(),
             cached_tokens: ok.iter().map(|t| t.cached as f64).sum(),
-            engine_cached_total: pass.engine_cached.iter().sum(),
+            engine_cached_total: pass.engines.iter().map(|e| e.cached).sum(),
+            engines: pass
+                .engines
+                .iter()
+                .map(|e| json!({"prompt_tokens_total": e.prompt, "prompt_tokens_cached_total": e.cached}))
+                .collect(),
             moved: pass.moved().map(|m| m as f64),
             cold_opens,
             lost_histories,
@@ -113,6 +120,7 @@ impl Stats {
             "cached_tokens": self.cached_tokens,
             "hit_ratio": self.hit_ratio(),
             "engine_cached_total": self.engine_cached_total,
+            "engines": self.engines,
             "moved_turns": self.moved,
             "cold_opens": self.cold_opens,
             "lost_histories": self.lost_histories,

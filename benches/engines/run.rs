@@ -24,9 +24,9 @@ pub struct Turn {
 pub struct Pass {
     pub turns: Vec<Option<Turn>>,
     pub wall: Duration,
-    /// Prompt tokens each engine's own counter says it found cached during the pass
-    /// (`llamacpp:prompt_tokens_cached_total`, `vllm:prompt_tokens_cached_total`).
-    pub engine_cached: Vec<f64>,
+    /// What each engine's own counters say of the pass: where the prompt tokens went, and
+    /// how many of them each found cached.
+    pub engines: Vec<Counters>,
     /// The engine of each turn, by (session, turn), as prefixlb's access log names it; empty
     /// for the other routers.
     pub peers: BTreeMap<(usize, usize), String>,
@@ -35,6 +35,15 @@ pub struct Pass {
     /// The prefill rate prefixlb had learned of each engine at the pass's end (its metrics'
     /// lines).
     pub learned: Vec<String>,
+}
+
+/// One engine's counters over a pass, as it names them: `prompt_tokens_total` and
+/// `prompt_tokens_cached_total` (llama.cpp's under `llamacpp:`, vLLM's under `vllm:`). Which
+/// engine a router sent how much to, for the routers whose logs do not say.
+#[derive(Clone, Copy, Default)]
+pub struct Counters {
+    pub prompt: f64,
+    pub cached: f64,
 }
 
 /// The engines the routers are in front of.
@@ -62,11 +71,11 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
         Engines::Llama(setup) => {
             let started = setup.engines(2, logs.path()).await;
             let addrs = started.iter().map(|e| e.addr).collect();
-            (started, addrs, vec![0.0; 2])
+            (started, addrs, vec![Counters::default(); 2])
         }
         Engines::Vllm(v) => {
             v.reset().await?;
-            (Vec::new(), v.addrs(), v.cached_totals().await)
+            (Vec::new(), v.addrs(), v.counters().await)
         }
     };
     let (entry, running) = router.start(&addrs).await?;
@@ -97,21 +106,29 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
         Engines::Llama(_) => {
             let mut totals = Vec::new();
             for e in &llama {
-                totals.push(metric(
-                    &e.metrics().await,
-                    "llamacpp:prompt_tokens_cached_total",
-                ));
+                let page = e.metrics().await;
+                totals.push(Counters {
+                    cached: metric(&page, "llamacpp:prompt_tokens_cached_total"),
+                    prompt: metric(&page, "llamacpp:prompt_tokens_total"),
+                });
             }
             totals
         }
-        Engines::Vllm(v) => v.cached_totals().await,
+        Engines::Vllm(v) => v.counters().await,
     };
-    let engine_cached = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let engines = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| Counters {
+            prompt: a.prompt - b.prompt,
+            cached: a.cached - b.cached,
+        })
+        .collect();
     drop(llama);
     Ok(Pass {
         turns,
         wall,
-        engine_cached,
+        engines,
         peers,
         systems: workload.sessions.iter().map(|s| s.system).collect(),
         learned,

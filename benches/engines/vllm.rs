@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::llama::MODEL;
+use crate::run::Counters;
 
 /// How long an engine may take to answer `/health`: it compiles its kernels at start.
 const START_LIMIT: Duration = Duration::from_secs(300);
@@ -66,8 +67,9 @@ impl Engines {
         Ok(())
     }
 
-    /// `vllm:prompt_tokens_cached_total` of each engine (a counter: passes take differences).
-    pub async fn cached_totals(&self) -> Vec<f64> {
+    /// Each engine's counters (passes take differences): the prompt tokens it found cached
+    /// (`vllm:prompt_tokens_cached_total`) and all its prompt tokens (`vllm:prompt_tokens_total`).
+    pub async fn counters(&self) -> Vec<Counters> {
         let mut totals = Vec::new();
         for e in &self.engines {
             let page = reqwest::get(format!("http://{}/metrics", e.addr))
@@ -77,7 +79,10 @@ impl Engines {
                 Ok(r) => r.text().await.unwrap_or_default(),
                 Err(_) => String::new(),
             };
-            totals.push(crate::run::metric(&text, "vllm:prompt_tokens_cached_total"));
+            totals.push(Counters {
+                cached: crate::run::metric(&text, "vllm:prompt_tokens_cached_total"),
+                prompt: crate::run::metric(&text, "vllm:prompt_tokens_total"),
+            });
         }
         totals
     }
