@@ -19,7 +19,7 @@ pub struct Stats {
     pub prompt_tokens: f64,
     /// The final chunks' `timings.cache_n`, summed.
     pub cached_tokens: f64,
-    /// `llamacpp:prompt_tokens_cached_total`, summed over the engines.
+    /// The engines' own `prompt_tokens_cached_total`, summed.
     pub engine_cached_total: f64,
     /// Each engine's own counters over the pass.
     pub engines: Vec<serde_json::Value>,

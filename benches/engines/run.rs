@@ -38,8 +38,9 @@ pub struct Pass {
 }
 
 /// One engine's counters over a pass, as it names them: `prompt_tokens_total` and
-/// `prompt_tokens_cached_total` (llama.cpp's under `llamacpp:`, vLLM's under `vllm:`). Which
-/// engine a router sent how much to, for the routers whose logs do not say.
+/// `prompt_tokens_cached_total` (llama.cpp's under `llamacpp:`, vLLM's under `vllm:`), each
+/// counting as its engine does (vLLM's `prompt_tokens_total` counts every prompt token, cached
+/// or not). Which engine a router sent how much to, for the routers whose logs do not say.
 #[derive(Clone, Copy, Default)]
 pub struct Counters {
     pub prompt: f64,
