@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::common::{out_dir, percentile};
-use crate::run::{Pass, Turn};
+use crate::run::{Counters, Pass, Turn};
 use crate::workload::TURNS;
 
 /// What one pass comes to.
@@ -22,7 +22,7 @@ pub struct Stats {
     /// The engines' own `prompt_tokens_cached_total`, summed.
     pub engine_cached_total: f64,
     /// Each engine's own counters over the pass.
-    pub engines: Vec<serde_json::Value>,
+    pub engines: Vec<Counters>,
     /// Later turns that left their session's engine (prefixlb's rows only).
     pub moved: Option<f64>,
     /// From the engines' own reports, for every router: first turns whose engine held less
@@ -92,11 +92,7 @@ impl Stats {
             prompt_tokens: ok.iter().map(|t| t.prompt as f64).sum(),
             cached_tokens: ok.iter().map(|t| t.cached as f64).sum(),
             engine_cached_total: pass.engines.iter().map(|e| e.cached).sum(),
-            engines: pass
-                .engines
-                .iter()
-                .map(|e| json!({"prompt_tokens_total": e.prompt, "prompt_tokens_cached_total": e.cached}))
-                .collect(),
+            engines: pass.engines.clone(),
             moved: pass.moved().map(|m| m as f64),
             cold_opens,
             lost_histories,
@@ -120,7 +116,7 @@ impl Stats {
             "cached_tokens": self.cached_tokens,
             "hit_ratio": self.hit_ratio(),
             "engine_cached_total": self.engine_cached_total,
-            "engines": self.engines,
+            "engines": self.engines.iter().map(Counters::json).collect::<Vec<_>>(),
             "moved_turns": self.moved,
             "cold_opens": self.cold_opens,
             "lost_histories": self.lost_histories,

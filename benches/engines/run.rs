@@ -47,6 +47,28 @@ pub struct Counters {
     pub cached: f64,
 }
 
+impl Counters {
+    /// Both counters from a metrics page, under the engine's `prefix` (`llamacpp:`, `vllm:`).
+    pub fn read(page: &str, prefix: &str) -> Self {
+        Self {
+            prompt: metric(page, &format!("{prefix}prompt_tokens_total")),
+            cached: metric(page, &format!("{prefix}prompt_tokens_cached_total")),
+        }
+    }
+
+    /// What the counters added since `before`.
+    fn since(self, before: Self) -> Self {
+        Self {
+            prompt: self.prompt - before.prompt,
+            cached: self.cached - before.cached,
+        }
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({"prompt_tokens_total": self.prompt, "prompt_tokens_cached_total": self.cached})
+    }
+}
+
 /// The engines the routers are in front of.
 pub enum Engines<'a> {
     /// llama.cpp's, started fresh for every pass (in a fraction of a second).
@@ -107,11 +129,7 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
         Engines::Llama(_) => {
             let mut totals = Vec::new();
             for e in &llama {
-                let page = e.metrics().await;
-                totals.push(Counters {
-                    cached: metric(&page, "llamacpp:prompt_tokens_cached_total"),
-                    prompt: metric(&page, "llamacpp:prompt_tokens_total"),
-                });
+                totals.push(Counters::read(&e.metrics().await, "llamacpp:"));
             }
             totals
         }
@@ -120,10 +138,7 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
     let engines = after
         .iter()
         .zip(&before)
-        .map(|(a, b)| Counters {
-            prompt: a.prompt - b.prompt,
-            cached: a.cached - b.cached,
-        })
+        .map(|(a, b)| a.since(*b))
         .collect();
     drop(llama);
     Ok(Pass {

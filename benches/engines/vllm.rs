@@ -79,10 +79,7 @@ impl Engines {
                 Ok(r) => r.text().await.unwrap_or_default(),
                 Err(_) => String::new(),
             };
-            totals.push(Counters {
-                cached: crate::run::metric(&text, "vllm:prompt_tokens_cached_total"),
-                prompt: crate::run::metric(&text, "vllm:prompt_tokens_total"),
-            });
+            totals.push(Counters::read(&text, "vllm:"));
         }
         totals
     }
