@@ -95,8 +95,9 @@ pub const ROUTERS: [Router; 15] = [
     Router::HaproxyBounded,
 ];
 
-/// `BENCH_PREFIXLB_ADVANCED=key=value,...` and `BENCH_PREFIXLB_ROUTING=key=value,...`: keys of
-/// prefixlb's `advanced:` and `routing:` sections (values in YAML), set on every prefixlb row
+/// `BENCH_PREFIXLB_ADVANCED=key=value,...`, `BENCH_PREFIXLB_ROUTING=...` and
+/// `BENCH_PREFIXLB_ENGINE_METRICS=...`: keys of prefixlb's `advanced:`, `routing:` and
+/// `engine_metrics:` sections (values in YAML), set on every prefixlb row
 /// and named in it, for a sweep or for measuring what one part brings. A diagnostic may tell
 /// prefixlb what it should learn (`routing.prefill_tokens_per_second`). Nothing stops a
 /// verdict run from being given some, but its row names then say so.
@@ -104,6 +105,7 @@ fn settings() -> Vec<(&'static str, String)> {
     [
         ("advanced", "BENCH_PREFIXLB_ADVANCED"),
         ("routing", "BENCH_PREFIXLB_ROUTING"),
+        ("engine_metrics", "BENCH_PREFIXLB_ENGINE_METRICS"),
     ]
     .into_iter()
     .flat_map(|(section, var)| {
@@ -201,13 +203,10 @@ impl Router {
                     config = config.shared_prefix_placement(true);
                 }
                 for (section, setting) in settings() {
-                    let (key, value) = setting
-                        .split_once('=')
-                        .expect("BENCH_PREFIXLB_ADVANCED and _ROUTING are key=value,...");
-                    config = match section {
-                        "advanced" => config.advanced(key, value),
-                        _ => config.routing(key, value),
-                    };
+                    let (key, value) = setting.split_once('=').expect(
+                        "BENCH_PREFIXLB_ADVANCED, _ROUTING and _ENGINE_METRICS are key=value,...",
+                    );
+                    config = config.yaml(&[section, key], value);
                 }
                 let told = if exchange {
                     crate::common::replicas(replicas)

@@ -33,12 +33,8 @@ impl TestConfig {
         self.yaml(&["advanced", key], yaml)
     }
 
-    /// `routing.<key>`, written as YAML (`null` lifts a bound).
-    pub fn routing(self, key: &str, yaml: &str) -> Self {
-        self.yaml(&["routing", key], yaml)
-    }
-
-    fn yaml(self, path: &[&str], yaml: &str) -> Self {
+    /// `<section>.<key>`, written as YAML: what a bench sweeps without a method of its own.
+    pub fn yaml(self, path: &[&str], yaml: &str) -> Self {
         let value: Value = serde_yaml::from_str(yaml).expect("a YAML value");
         self.set(path, value)
     }
