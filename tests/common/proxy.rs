@@ -152,7 +152,8 @@ impl Proxy {
                     return false;
                 }
                 if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
-                    return true;
+                    // What answers may be another test's listener, which took the port first.
+                    return listens_on(self.child.id(), self.addr.port());
                 }
             }
             assert!(
@@ -163,6 +164,31 @@ impl Proxy {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// Whether process `pid` holds the socket listening on `port` (IPv4): one of its descriptors
+/// is the socket `/proc/net/tcp` lists in state LISTEN (`0A`) on that port.
+fn listens_on(pid: u32, port: u16) -> bool {
+    let sockets: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let inode = target
+                .to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?;
+            Some(inode.to_owned())
+        })
+        .collect();
+    let local = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .any(|f| f.len() > 9 && f[1].ends_with(&local) && f[3] == "0A" && sockets.contains(f[9]))
 }
 
 impl Drop for Proxy {
