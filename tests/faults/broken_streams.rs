@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 use crate::common::*;
-use crate::{chunk, engine, event, peer_entry, read_stream, stream, Answer, SSE_HEAD};
+use crate::{chunk, engine, event, peer_entry, read_body, read_stream, stream, Answer, SSE_HEAD};
 
 /// The `error` object of the stream's last event, if it is an error event.
 fn error_event(body: &str) -> Option<serde_json::Value> {
@@ -40,10 +40,7 @@ async fn a_stream_that_stalls_half_way_ends_with_an_error_event_and_frees_its_sl
     let started = Instant::now();
     let (body, end) = read_stream(&proxy, "stalls").await;
     let took = started.elapsed();
-    assert!(
-        end.is_ok(),
-        "the stream did not end cleanly: {end:?}, {body}"
-    );
+    assert!(end.is_err(), "the stream looked whole: {body}");
     assert!(body.contains("t0") && body.contains("t1"), "{body}");
     let error = error_event(&body).unwrap_or_else(|| panic!("no error event: {body}"));
     assert_eq!(error["code"], "upstream_stalled", "{error}");
@@ -126,7 +123,7 @@ async fn an_engine_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_
         .unwrap();
     // The killed engine's listener goes too: its next connect is refused.
     engines.remove(dead);
-    assert!(end.is_ok(), "{end:?}: {body}");
+    assert!(end.is_err(), "the stream looked whole: {body}");
     assert!(body.contains("t0"), "{body}");
     let error = error_event(&body).unwrap_or_else(|| panic!("no error event: {body}"));
     assert_eq!(error["code"], "upstream_error", "{error}");
@@ -180,7 +177,8 @@ async fn an_engine_that_answers_what_is_not_http_gets_its_client_a_clear_error()
             .unwrap();
         if streamed {
             assert_eq!(r.status(), 200);
-            let body = String::from_utf8_lossy(&r.bytes().await.unwrap()).into_owned();
+            let (body, end) = read_body(r).await;
+            assert!(end.is_err(), "the stream looked whole: {body}");
             assert!(body.contains("t0"), "{body}");
             let error = error_event(&body).unwrap_or_else(|| panic!("no error event: {body}"));
             assert_eq!(error["code"], "upstream_error", "{error}");
@@ -191,4 +189,48 @@ async fn an_engine_that_answers_what_is_not_http_gets_its_client_a_clear_error()
         }
         proxy.assert_idle().await;
     }
+}
+
+/// On HTTP/1.1 a cut stream stays cut on the wire: the error event, then the close, with no
+/// end to the chunked body. A body that looked whole would let a keep-alive client pool the
+/// connection the proxy then closes, and lose its next request to that close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_stream_does_not_look_whole_to_a_keep_alive_client() {
+    use tokio::io::AsyncReadExt;
+    let cut: Answer = Arc::new(|mut conn| {
+        tokio::spawn(async move {
+            let _ = conn.write_all(SSE_HEAD.as_bytes()).await;
+            let _ = conn.write_all(&chunk(&event("t0"))).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO));
+            drop(conn);
+        })
+    });
+    let engine = engine(cut).await;
+    let cfg = TestConfig::new().peers_at([engine.addr]).connect_retries(0);
+    let proxy = start_proxy(&cfg).await;
+    let body = chat("s", "q", 1, true);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: keep-alive\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut conn = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut raw))
+        .await
+        .expect("the connection stayed open after the cut")
+        .unwrap();
+    let raw = String::from_utf8_lossy(&raw).to_lowercase();
+    assert!(raw.starts_with("http/1.1 200"), "{raw}");
+    assert!(raw.contains("transfer-encoding: chunked"), "{raw}");
+    assert!(
+        raw.contains("t0") && raw.contains("upstream_error"),
+        "{raw}"
+    );
+    assert!(
+        !raw.ends_with("0\r\n\r\n"),
+        "the cut body ended whole: {raw}"
+    );
+    proxy.assert_idle().await;
 }

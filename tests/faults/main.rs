@@ -114,7 +114,7 @@ pub(crate) async fn stream(mut conn: TcpStream, events: usize, first: Duration, 
     let _ = conn.write_all(b"0\r\n\r\n").await;
 }
 
-/// Reads a whole streamed answer through the proxy: its body and whether it ended cleanly.
+/// Reads a whole streamed answer through the proxy: its body and whether it ended whole.
 pub(crate) async fn read_stream(proxy: &Proxy, conversation: &str) -> (String, Result<(), String>) {
     let r = client()
         .post(proxy.url("/v1/chat/completions"))
@@ -123,8 +123,12 @@ pub(crate) async fn read_stream(proxy: &Proxy, conversation: &str) -> (String, R
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    read_body(r).await
+}
+
+/// Reads a response's body to its end: what came, and whether the body ended whole.
+pub(crate) async fn read_body(mut r: reqwest::Response) -> (String, Result<(), String>) {
     let mut body = String::new();
-    let mut r = r;
     loop {
         match r.chunk().await {
             Ok(Some(c)) => body.push_str(&String::from_utf8_lossy(&c)),

@@ -216,7 +216,7 @@ async fn an_engine_killed_mid_stream_ends_the_stream_frees_the_slot_and_the_next
     let response = stream::post(&cluster.proxy.url("/v1/chat/completions"), &body).await;
     let cut = stream::read_with(response, start, 3, || cluster.engine_mut(&home).kill()).await;
     assert!(!cut.done, "the stream ended as if whole: {cut:?}");
-    // prefixlb ends it with an error event the client reads, not a cut connection.
+    // prefixlb ends it with an error event the client reads before the cut, not a bare cut.
     assert!(
         cut.error
             .as_deref()

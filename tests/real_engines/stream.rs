@@ -20,8 +20,8 @@ pub struct Reply {
     pub prefill_ms: f64,
     /// Whether `data: [DONE]` came.
     pub done: bool,
-    /// How the body failed, if it did: the transport's error, or the error event that ended
-    /// the stream.
+    /// How the body failed, if it did: the error event that ended the stream, or else the
+    /// transport's error.
     pub error: Option<String>,
 }
 
@@ -91,7 +91,8 @@ pub async fn read_with(
         let chunk = match chunk {
             Ok(chunk) => chunk,
             Err(e) => {
-                reply.error = Some(format!("{e:?}"));
+                // An error event, when one came, says more than the cut that follows it.
+                reply.error.get_or_insert(format!("{e:?}"));
                 break;
             }
         };
