@@ -9,7 +9,8 @@
 //! those engines only, anything else keeps the routers whose name holds it (or is it, ending in
 //! `$`). Prints a table per engine and writes `target/bench-results/engines.json` (or
 //! `$BENCH_OUT`). vLLM engines that cannot be installed or started are skipped with the
-//! reason, and the run exits non-zero.
+//! reason, and the run exits non-zero. `BENCH_LLAMA_ARGS` adds arguments to every
+//! `llama-server` (`-sps 0`: see `docs/real-engines.md`).
 //!
 //! What is measured per router: TTFT p50/p99 and end-to-end p50 of the streamed turns as the
 //! client sees them, the pass's wall time, failed turns, and the engines' own word on reuse:
@@ -102,6 +103,10 @@ async fn main() {
     let mut skipped = false;
     if !vllm_only {
         let setup = llama::Setup::find();
+        let extra = llama::extra_args();
+        if !extra.is_empty() {
+            println!("llama-server run with {}", extra.join(" "));
+        }
         rows.extend(passes(&Engines::Llama(&setup), &routers, &seeds).await);
     }
     if !llama_only {

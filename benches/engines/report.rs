@@ -215,6 +215,7 @@ pub fn write_json(rows: &[Row], seeds: &[u64], run_time: Duration) -> PathBuf {
         .collect();
     let doc = json!({
         "seeds": seeds,
+        "llama_args": crate::llama::extra_args(),
         "run_time_s": run_time.as_secs_f64(),
         "routers": routers,
     });

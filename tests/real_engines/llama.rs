@@ -121,6 +121,7 @@ impl Engine {
                 "--temp",
                 "0",
             ])
+            .args(extra_args())
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out);
@@ -200,4 +201,13 @@ impl Drop for Engine {
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Arguments added to every `llama-server` from `BENCH_LLAMA_ARGS` (split at whitespace), so
+/// that the engines bench can run the engines as an operator might set them up (the tests
+/// never set it).
+pub fn extra_args() -> Vec<String> {
+    std::env::var("BENCH_LLAMA_ARGS")
+        .map(|a| a.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
 }
