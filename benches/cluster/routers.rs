@@ -277,6 +277,13 @@ impl Running {
         }
     }
 
+    pub fn stderr_log(&self) -> String {
+        match self {
+            Running::Prefixlb(proxies) => proxies.iter().map(Proxy::log).collect(),
+            Running::Other(_) => String::new(),
+        }
+    }
+
     /// The lines of prefixlb's `/metrics` whose series is `name`, from every process.
     pub async fn series(&self, name: &str) -> Vec<String> {
         let mut lines = Vec::new();

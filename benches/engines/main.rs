@@ -10,7 +10,10 @@
 //! `$`). Prints a table per engine and writes `target/bench-results/engines.json` (or
 //! `$BENCH_OUT`). vLLM engines that cannot be installed or started are skipped with the
 //! reason, and the run exits non-zero. `BENCH_LLAMA_ARGS` adds arguments to every
-//! `llama-server` (`-sps 0`: see `docs/real-engines.md`).
+//! `llama-server` (`-sps 0`: see `docs/real-engines.md`). `BENCH_DEBUG_DIR` keeps prefixlb's
+//! standard error of each pass there as `SEED.log`; with
+//! `PREFIXLB_TEST_LOG=info,prefixlb::routing::policy::least_cost=debug` it holds every
+//! decision's prices (`docs/operations.md`, the access log).
 //!
 //! What is measured per router: TTFT p50/p99 and end-to-end p50 of the streamed turns as the
 //! client sees them, the pass's wall time, failed turns, and the engines' own word on reuse:

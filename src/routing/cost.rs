@@ -134,8 +134,8 @@ impl CostModel {
     }
 
     /// The peer's own rate once learned, as far as the tuning lets it in; the configured one
-    /// before.
-    fn rate(&self, p: &Pricing) -> f64 {
+    /// before, in tokens a second.
+    pub fn rate(&self, p: &Pricing) -> f64 {
         let configured = self.prefill_tokens_per_sec;
         let rate = match (self.tuning.learn_prefill_rate, p.rate) {
             (LearnedRate::Always, Some(learned)) => learned,

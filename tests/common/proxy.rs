@@ -283,16 +283,17 @@ pub fn spawn_proxy_adjusted(
     let pingora_path = dir.path().join("pingora.yaml");
     std::fs::write(&pingora_path, pingora.to_yaml()).unwrap();
     let mut command = Command::new(binary());
+    command.env(
+        "RUST_LOG",
+        std::env::var("PREFIXLB_TEST_LOG").unwrap_or_else(|_| "info".into()),
+    );
+    // After the log level, which a test may set.
     adjust(&mut command);
     let child = command
         .arg("-l")
         .arg(&lb_path)
         .arg("-c")
         .arg(&pingora_path)
-        .env(
-            "RUST_LOG",
-            std::env::var("PREFIXLB_TEST_LOG").unwrap_or_else(|_| "info".into()),
-        )
         .stdout(std::fs::File::create(dir.path().join("stdout.log")).unwrap())
         .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
         .spawn()

@@ -58,3 +58,56 @@ async fn the_access_log_has_a_line_per_request_and_no_prompt_text() {
     assert_eq!(lines[1]["key_hash"], chat_line["key_hash"]);
     assert_eq!(lines[3]["key_source"], "client_addr");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_debug_level_each_decision_says_what_it_priced() {
+    let ups = upstreams::<2>().await;
+    let cfg = TestConfig::new().peers(&ups);
+    let mut proxy = spawn_proxy_adjusted(&cfg, &PingoraConfig::new(), |c| {
+        c.env(
+            "RUST_LOG",
+            "info,prefixlb::routing::policy::least_cost=debug",
+        );
+    });
+    proxy.wait_ready().await;
+    let secret = "patient Jane Doe, date of birth 1970-01-01";
+    let r = client()
+        .post(proxy.url(CHAT))
+        .body(chat("sys", secret, 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    let start = std::time::Instant::now();
+    let line = loop {
+        let log = proxy.log();
+        if let Some(line) = log.lines().find(|l| l.contains("least_cost chose")) {
+            break line.to_owned();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no decision: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!proxy.log().contains("Jane"), "the prompt leaked: {line}");
+    // Both peers priced (a key's first three of two), with what they were priced on.
+    for up in &ups {
+        let priced = format!(" {}: cost_ms=", up.addr_str());
+        assert!(
+            line.contains(&priced),
+            "{} not priced: {line}",
+            up.addr_str()
+        );
+    }
+    assert!(
+        ups.iter()
+            .any(|u| line.contains(&format!("chose {} (home", u.addr_str()))),
+        "{line}"
+    );
+    assert!(
+        line.contains("load=0/0") && line.contains("rate=10000"),
+        "{line}"
+    );
+}

@@ -3,6 +3,7 @@
 //! engine runs at once). Another peer must beat the prompt's home by a margin, so that noise
 //! does not move keys.
 
+use std::fmt::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -89,6 +90,10 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     let mut priced = [(0u64, 0, 0, 0.0); MAX_CANDIDATES as usize];
     // Whether each priced peer's engine had every running slot taken, as priced.
     let mut slots_taken = [false; MAX_CANDIDATES as usize];
+    // Why a request went where it did cannot be read afterwards: the state it was priced on
+    // is gone a moment later. At debug level each decision says it (without the key, which,
+    // unkeyed, would confirm a guessed prompt).
+    let mut trace = log::log_enabled!(log::Level::Debug).then(String::new);
     for (place, &idx) in candidates[..n].iter().enumerate() {
         let hit = hits[place];
         // One read of the peer's state for this request's price and its later turns'.
@@ -105,6 +110,19 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
         }
         priced[place] = ((cost * 1000.0).round() as u64, idx, place, hit);
         slots_taken[place] = now.slots_taken();
+        if let Some(trace) = trace.as_mut() {
+            let _ = write!(
+                trace,
+                " {}: cost_ms={} hit={hit:.2} load={}/{} prefill_queue={} rate={:.0} decode_ms={};",
+                view.peers[idx].id(),
+                priced[place].0,
+                now.load,
+                now.capacity,
+                now.prefill_queue,
+                balance.cost.rate(&now),
+                now.decode.map_or(0, |d| d.as_millis()),
+            );
+        }
     }
     // A conversation's own turns leave its history only for a clear gain; a new one
     // leaves home for any.
@@ -157,6 +175,14 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
             _ if hit > 0.0 => Route::Replica,
             _ => Route::Overflow,
         };
+        if let Some(trace) = &trace {
+            log::debug!(
+                "least_cost chose {} (home {}, margin {margin} ms, {prompt_tokens} tokens, new \
+                 conversation: {new_conversation}); priced before the margin:{trace}",
+                peer.id(),
+                view.peers[candidates[home]].id(),
+            );
+        }
         record(&slot, place > 0);
         return Decision::Routed(Routed { slot, route, steps });
     }
