@@ -11,7 +11,9 @@
 //! non-zero when a verdict is refused. Arguments filter: a workload name (`hot`, `chats`,
 //! `long`, `prompts`, `histories`), a model (`lane`, `engine`), a seed (a number), `tuning`
 //! (the tuning seeds instead of the verdict seeds: tables, no verdict), and anything else a
-//! router's name (whole, or a part of it) keeps only those.
+//! router's name (whole, or a part of it) keeps only those. `BENCH_DEBUG_DIR` keeps each
+//! prefixlb run's standard error there (with `PREFIXLB_TEST_LOG` at debug for `least_cost`,
+//! every decision's prices).
 //!
 //! The routers: prefixlb (its default policy, with the key from the body and from a session
 //! header; four processes in front of the same GPUs, told of each other and not;

@@ -277,10 +277,26 @@ impl Running {
         }
     }
 
-    pub fn stderr_log(&self) -> String {
-        match self {
-            Running::Prefixlb(proxies) => proxies.iter().map(Proxy::log).collect(),
-            Running::Other(_) => String::new(),
+    /// Keeps prefixlb's standard error as `$BENCH_DEBUG_DIR/NAME.log`, when that is set (with
+    /// `PREFIXLB_TEST_LOG` at debug for `least_cost`, every decision's prices).
+    pub fn keep_log(&self, name: &str) {
+        let (Ok(dir), Running::Prefixlb(proxies)) = (std::env::var("BENCH_DEBUG_DIR"), self) else {
+            return;
+        };
+        let log: String = proxies.iter().map(Proxy::log).collect();
+        let file: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = std::path::Path::new(&dir).join(format!("{file}.log"));
+        if let Err(e) = std::fs::write(&path, log) {
+            println!("could not keep prefixlb's log as {}: {e}", path.display());
         }
     }
 

@@ -229,6 +229,12 @@ pub async fn run(
     let load = sampler.await.unwrap_or_default();
     let routes = running.routes().await;
     let access_log = running.access_log();
+    running.keep_log(&format!(
+        "{} {} {} {seed}",
+        router.name(),
+        shape.name(),
+        model.name()
+    ));
     let (mut hits, mut queries, mut served) = (0.0, 0.0, Vec::new());
     let (mut evictions, mut preemptions) = (0.0, 0.0);
     for g in &gpus {

@@ -121,9 +121,7 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
     }
     let wall = start.elapsed();
     let peers = peers_of(&running.access_log());
-    if let Ok(dir) = std::env::var("BENCH_DEBUG_DIR") {
-        std::fs::write(format!("{dir}/{seed}.log"), running.stderr_log()).ok();
-    }
+    running.keep_log(&format!("{} {} {seed}", router.name(), engines.name()));
     let learned = running
         .series("prefixlb_peer_prefill_tokens_per_second")
         .await;

@@ -226,14 +226,23 @@ pub async fn start_proxy(config: &TestConfig) -> Proxy {
 
 /// [`start_proxy`] with Pingora's settings `pingora`.
 pub async fn start_proxy_with(config: &TestConfig, pingora: &PingoraConfig) -> Proxy {
+    start_proxy_adjusted(config, pingora, |_| {}).await
+}
+
+/// [`start_proxy_with`], with `adjust` applied to the command (see [`spawn_proxy_adjusted`]).
+pub async fn start_proxy_adjusted(
+    config: &TestConfig,
+    pingora: &PingoraConfig,
+    adjust: impl Fn(&mut Command),
+) -> Proxy {
     // On ports another test took in the meantime it fails to start: again, on others.
     for _ in 0..2 {
-        let mut proxy = spawn_proxy(config, pingora);
+        let mut proxy = spawn_proxy_adjusted(config, pingora, &adjust);
         if proxy.came_up().await {
             return proxy;
         }
     }
-    let mut proxy = spawn_proxy(config, pingora);
+    let mut proxy = spawn_proxy_adjusted(config, pingora, &adjust);
     proxy.wait_ready().await;
     proxy
 }

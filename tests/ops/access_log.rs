@@ -6,22 +6,27 @@ use std::time::Duration;
 use crate::common::*;
 use crate::CHAT;
 
+/// Sends a chat whose prompt names a patient ("Jane"), which no log may hold.
+async fn ask_about_jane(c: &reqwest::Client, proxy: &Proxy) {
+    let secret = "patient Jane Doe, date of birth 1970-01-01";
+    let r = c
+        .post(proxy.url(CHAT))
+        .body(chat("sys", secret, 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_has_a_line_per_request_and_no_prompt_text() {
     let up = start_upstream("a").await;
     let cfg = TestConfig::new().peers(&[&up]).access_log("json");
     let proxy = start_proxy(&cfg).await;
     let c = client();
-    let secret = "patient Jane Doe, date of birth 1970-01-01";
     for _ in 0..3 {
-        let r = c
-            .post(proxy.url(CHAT))
-            .body(chat("sys", secret, 1, false))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        r.bytes().await.unwrap();
+        ask_about_jane(&c, &proxy).await;
     }
     let r = c.get(proxy.url("/v1/models")).send().await.unwrap();
     r.bytes().await.unwrap();
@@ -63,22 +68,14 @@ async fn the_access_log_has_a_line_per_request_and_no_prompt_text() {
 async fn at_debug_level_each_decision_says_what_it_priced() {
     let ups = upstreams::<2>().await;
     let cfg = TestConfig::new().peers(&ups);
-    let mut proxy = spawn_proxy_adjusted(&cfg, &PingoraConfig::new(), |c| {
+    let proxy = start_proxy_adjusted(&cfg, &PingoraConfig::new(), |c| {
         c.env(
             "RUST_LOG",
             "info,prefixlb::routing::policy::least_cost=debug",
         );
-    });
-    proxy.wait_ready().await;
-    let secret = "patient Jane Doe, date of birth 1970-01-01";
-    let r = client()
-        .post(proxy.url(CHAT))
-        .body(chat("sys", secret, 1, false))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.bytes().await.unwrap();
+    })
+    .await;
+    ask_about_jane(&client(), &proxy).await;
     let start = std::time::Instant::now();
     let line = loop {
         let log = proxy.log();

@@ -196,6 +196,9 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
         record(&slot, true);
         Some(slot)
     };
+    if let Some(trace) = &trace {
+        log::debug!("least_cost: every peer priced is at its bound, priced:{trace}");
+    }
     let seen = priced.len() as u32;
     match view.walk_select(walk, seen, take) {
         Decision::Routed(r) => Decision::Routed(Routed {
