@@ -58,11 +58,13 @@ impl PrefixLb {
     }
 
     /// Ends a streamed answer the engine left unfinished with an error event the client can
-    /// read, when the answer had begun as an event stream. The body itself is left without its
-    /// end: Pingora closes a connection whose upstream failed, and a body that looked whole
-    /// would let an HTTP/1.1 client put the connection back in its pool and send its next
-    /// request into that close (its status line was long sent, too late for `Connection:
-    /// close`). Cut, the body tells the client not to reuse the connection.
+    /// read, when the answer had begun as an event stream. On HTTP/1 the body itself is left
+    /// without its end: Pingora closes a connection whose upstream failed, and a body that
+    /// looked whole would let the client put the connection back in its pool and send its
+    /// next request into that close (its status line was long sent, too late for
+    /// `Connection: close`). Cut, the body tells the client not to reuse the connection. An
+    /// HTTP/2 stream ends whole: the connection stays, and a stream reset would discard the
+    /// event still queued ahead of it.
     pub(crate) async fn end_stream(&self, session: &mut Session, ctx: &RequestCtx, e: &Error) {
         if !final_response(session).is_some_and(is_event_stream) {
             return;
@@ -80,7 +82,8 @@ impl PrefixLb {
         };
         metrics::STREAM_ERRORS.with_label_values(&[reason]).inc();
         let event = api.stream_event();
-        if let Err(write) = session.write_response_body(Some(event), false).await {
+        let whole = session.as_downstream().is_http2();
+        if let Err(write) = session.write_response_body(Some(event), whole).await {
             log::debug!("could not send the stream's error event: {write}");
         }
     }

@@ -122,3 +122,42 @@ async fn h2c_serves_http2_by_prior_knowledge_and_http1_on_the_same_port() {
     assert_eq!(plain.version(), reqwest::Version::HTTP_11);
     proxy.assert_idle().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_cut_upstream_ends_whole_with_the_error_event() {
+    let up = start_upstream("a").await;
+    let proxy = start_proxy(&TestConfig::new().h2c().peers(&[&up])).await;
+    let mut conn = Conn::open_h2c(proxy.addr).await;
+    let mut headers = stream_headers(10, 20);
+    headers.push(("x-mock-reset-after", "2".to_string()));
+    let answer = conn
+        .post("/v1/chat/completions", &headers, chat("s", "q", 1, true))
+        .await;
+    assert_eq!(answer.status(), 200);
+    let mut body = answer.into_body();
+    let mut text = String::new();
+    let end = loop {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    text.push_str(&String::from_utf8_lossy(&data));
+                }
+            }
+            Some(Err(e)) => break Err(e),
+            None => break Ok(()),
+        }
+    };
+    // No reset: it would discard the event queued before it, and the connection stays up.
+    assert!(end.is_ok(), "the stream was reset: {end:?}, {text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    assert!(
+        last.starts_with("data: {\"error\"") && last.contains("upstream_error"),
+        "{text}"
+    );
+    // The connection serves the next stream.
+    let next = conn
+        .post("/v1/chat/completions", &[], chat("s", "q", 1, false))
+        .await;
+    assert_eq!(next.status(), 200);
+    proxy.assert_idle().await;
+}
