@@ -86,6 +86,19 @@ pub async fn open_stream(proxy: &Proxy, events: u32, interval_ms: u32) -> reqwes
         .unwrap()
 }
 
+/// Reads a response's body to its end: what came, and whether the body ended whole (the
+/// transport's error when it did not).
+pub async fn read_body(mut r: reqwest::Response) -> (String, Result<(), String>) {
+    let mut body = String::new();
+    loop {
+        match r.chunk().await {
+            Ok(Some(c)) => body.push_str(&String::from_utf8_lossy(&c)),
+            Ok(None) => return (body, Ok(())),
+            Err(e) => return (body, Err(format!("{e:?}"))),
+        }
+    }
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().build().unwrap()
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 use crate::common::*;
-use crate::{chunk, engine, event, peer_entry, read_body, read_stream, stream, Answer, SSE_HEAD};
+use crate::{chunk, engine, event, peer_entry, read_stream, stream, Answer, SSE_HEAD};
 
 /// The `error` object of the stream's last event, if it is an error event.
 fn error_event(body: &str) -> Option<serde_json::Value> {

@@ -126,18 +126,6 @@ pub(crate) async fn read_stream(proxy: &Proxy, conversation: &str) -> (String, R
     read_body(r).await
 }
 
-/// Reads a response's body to its end: what came, and whether the body ended whole.
-pub(crate) async fn read_body(mut r: reqwest::Response) -> (String, Result<(), String>) {
-    let mut body = String::new();
-    loop {
-        match r.chunk().await {
-            Ok(Some(c)) => body.push_str(&String::from_utf8_lossy(&c)),
-            Ok(None) => return (body, Ok(())),
-            Err(e) => return (body, Err(format!("{e:?}"))),
-        }
-    }
-}
-
 pub(crate) fn peer_entry(listing: &serde_json::Value, addr: SocketAddr) -> serde_json::Value {
     listing["peers"]
         .as_array()

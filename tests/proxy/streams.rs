@@ -138,19 +138,8 @@ async fn slots_are_released_on_upstream_resets_and_timeouts() {
                 .await
                 .unwrap_or_else(|e| panic!("request {i} was lost: {e:?}"));
             let status = r.status().as_u16();
-            let mut body = r.bytes_stream();
-            let mut text = String::new();
-            let mut whole = true;
-            while let Some(chunk) = body.next().await {
-                match chunk {
-                    Ok(chunk) => text.push_str(&String::from_utf8_lossy(&chunk)),
-                    Err(_) => {
-                        whole = false;
-                        break;
-                    }
-                }
-            }
-            (status, whole, text)
+            let (text, end) = read_body(r).await;
+            (status, end.is_ok(), text)
         }));
     }
     let mut header_timeouts = 0;
