@@ -1,6 +1,7 @@
 """Which conversations' histories one llama-server keeps when they take turns: four
 conversations on one system prompt, four on four prompts, two and three on one, each sending
-three turns in rotation, one request at a time. Prints the prompt tokens the engine reported
+three turns in rotation, one request at a time; then one conversation alone, its turns with
+nothing between them. Prints the prompt tokens the engine reported
 cached (`timings.cache_n`) over the prompt's, per conversation and turn: a later turn that
 finds only its system prompt cached has lost its history.
 
@@ -29,6 +30,7 @@ CASES = [
     ("four conversations, four system prompts", [0, 1, 2, 3]),
     ("two conversations, one system prompt", [1, 1]),
     ("three conversations, one system prompt", [2, 2, 2]),
+    ("one conversation alone", [3]),
 ]
 
 
