@@ -53,8 +53,9 @@ pub struct Tuning {
     /// fewer than any real engine runs at once (vLLM and SGLang run hundreds). Origin: the
     /// smallest batch any engine in the docs runs (llama.cpp's `-np 4`).
     pub unknown_capacity_floor: u32,
-    /// The floor of a conversation's own home instead, while its engine's slots are unknown: a
-    /// turn sent on prefills its history again. Origin: the cluster bench (8 running slots).
+    /// The least a conversation's own home is bounded at, above its engine's slots where they
+    /// are fewer: a turn sent on prefills its history again. Origin: the cluster bench (8
+    /// running slots); above the slots, the llama.cpp engines bench (one and two slots).
     pub conversation_floor: u32,
     /// Characters of text per token when the prompt's tokens are estimated from its bytes.
     /// Origin: OpenAI's rule of thumb for English text.

@@ -6,19 +6,7 @@ use std::sync::Arc;
 
 use prefixlb::routing::*;
 
-use crate::{ask, completion, demand_of, key, specs, streams, walk, COST, PLACED};
-
-/// A chat turn's demand, as the proxy makes it: its key and block chain from the body.
-fn chat(messages: &[(&str, &str)]) -> Demand {
-    let messages: Vec<_> = messages
-        .iter()
-        .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
-        .collect();
-    demand_of(
-        "/v1/chat/completions",
-        serde_json::json!({"model": "m", "messages": messages}),
-    )
-}
+use crate::{ask, chat, completion, key, specs, streams, walk, COST, PLACED};
 
 /// The primary of a prompt no peer holds is priced as holding most of it, since another
 /// process may have sent it there; but the prefill it queues there is counted whole, so that

@@ -59,7 +59,19 @@ pub(crate) fn completion(prompt: &str) -> Demand {
     )
 }
 
-pub(crate) fn demand_of(path: &str, body: serde_json::Value) -> Demand {
+/// A chat turn's demand, as the proxy makes it: its key and block chain from the body.
+pub(crate) fn chat(messages: &[(&str, &str)]) -> Demand {
+    let messages: Vec<_> = messages
+        .iter()
+        .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+        .collect();
+    demand_of(
+        "/v1/chat/completions",
+        serde_json::json!({"model": "m", "messages": messages}),
+    )
+}
+
+fn demand_of(path: &str, body: serde_json::Value) -> Demand {
     let body = body.to_string();
     let keys = KeyExtractor::default();
     let key = match keys.key_for(&RequestParts {

@@ -1,12 +1,13 @@
 //! Keys among busy peers: a key's concurrent requests stay together while its peer has slots,
-//! a long prefill queue or a full engine sends the next elsewhere, and a request without a key
-//! or prompt is still routed until every peer is at its ceiling.
+//! a long prefill queue or a full engine sends the next elsewhere (but a conversation's turn
+//! waits for a slot at home while that costs less), and a request without a key or prompt is
+//! still routed until every peer is at its ceiling.
 
 use std::sync::Arc;
 
 use prefixlb::routing::*;
 
-use crate::{ask, key, known_slots, specs, walk, COST};
+use crate::{ask, chat, key, known_slots, specs, streams, walk, COST};
 
 /// The first key of `key(from)`, `key(from + 1)`, ... whose primary is (or, `on: false`, is not) `peer`.
 fn key_with_primary(c: &Cluster, from: u64, peer: &Arc<Peer>, on: bool) -> u64 {
@@ -118,4 +119,35 @@ fn a_request_without_a_key_or_prompt_is_still_routed() {
     ));
     drop((a, b, c));
     assert_eq!(cluster.in_flight(), 0);
+}
+
+#[test]
+fn a_turn_waits_for_a_slot_at_home_rather_than_prefill_its_history_elsewhere() {
+    let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
+    let peers = cluster.peers().to_vec();
+    let (home, other) = (&peers[0], &peers[1]);
+    let chart = "chart ".repeat(4_000);
+    let opening = [
+        ("system", "You are a ward assistant."),
+        ("user", chart.as_str()),
+    ];
+    let turn = [
+        opening[0],
+        opening[1],
+        ("assistant", "noted"),
+        ("user", "and the dose?"),
+    ];
+    // Home alone served the opening: no other peer holds any of the conversation.
+    cluster
+        .record()
+        .record(&chat(&opening).blocks, home.serial());
+    // Both engines run two at once; home's two are taken, the other idles. The balance bound
+    // (1.25 · 3 / 2) and home's slots are two, but a conversation's home is bounded no lower
+    // than the conversation floor (8), and waiting there for a slot (half a stream: 0.25 s)
+    // costs less than prefilling the 6 000-token history on the other engine (0.75 s).
+    known_slots(home, 2);
+    known_slots(other, 2);
+    let _held = streams(home, 2);
+    let r = cluster.select(&COST, chat(&turn), &[]).routed().unwrap();
+    assert!(Arc::ptr_eq(r.slot.peer(), home), "left its history");
 }

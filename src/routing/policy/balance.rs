@@ -67,7 +67,7 @@ pub struct BoundInputs {
     /// no wait.
     pub capacity: u32,
     /// Whether the request is a turn of a conversation whose history this peer alone holds
-    /// (then the tuning's `conversation_floor` is the floor while the slots are unknown).
+    /// (then the floor is the tuning's `conversation_floor` where that is above the slots).
     pub conversation_home: bool,
 }
 
@@ -82,9 +82,10 @@ impl Balance {
             Policy::ConsistentHash => return UNLIMITED,
             Policy::RoundRobin | Policy::LeastInFlight => return at.max_in_flight,
             Policy::BoundedConsistentHash => 0,
-            Policy::LeastCost if at.capacity == 0 && at.conversation_home => {
-                tuning.conversation_floor
-            }
+            // A turn sent from its home prefills its history again elsewhere, which on an
+            // engine of few slots costs more than waiting for one of home's; the cost rule
+            // prices that wait, so home may queue a few turns beyond its slots.
+            Policy::LeastCost if at.conversation_home => at.capacity.max(tuning.conversation_floor),
             Policy::LeastCost if at.capacity == 0 => tuning.unknown_capacity_floor,
             Policy::LeastCost => at.capacity,
         };

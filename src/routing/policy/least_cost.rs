@@ -151,10 +151,17 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
                 .record_at(&demand.blocks, slot.peer().serial(), at);
         }
     };
+    // The bound's floor also keeps a chat's later turn at the one peer that served it to its
+    // key's end, though no other holds any of it: elsewhere it prefills its whole history.
+    let floor_home = conversation.or_else(|| {
+        (demand.blocks.is_later_turn() && held.knows_key())
+            .then(|| held.sole_holder())
+            .flatten()
+    });
     for &(_, idx, place, hit) in priced.iter() {
         let peer = &view.peers[idx];
         let bound = balance.bound(BoundInputs {
-            conversation_home: conversation == Some(peer.serial()),
+            conversation_home: floor_home == Some(peer.serial()),
             ..view.bound_inputs(peer)
         });
         let Some(mut slot) = peer.try_take(bound) else {

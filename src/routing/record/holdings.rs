@@ -48,6 +48,14 @@ impl Holdings {
         }
     }
 
+    /// The peer that holds part of the prompt when no other does.
+    pub fn sole_holder(&self) -> Option<u32> {
+        match self.peers[..self.n] {
+            [(serial, _, _)] => Some(serial),
+            _ => None,
+        }
+    }
+
     /// Whether two peers or more hold the deepest part of the prompt that anyone holds: a
     /// prefix shared by conversations, not one conversation's own turns.
     pub fn deepest_is_shared(&self) -> bool {
