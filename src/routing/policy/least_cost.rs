@@ -154,9 +154,8 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     // The bound's floor also keeps a chat's later turn at the one peer that served it to its
     // key's end, though no other holds any of it: elsewhere it prefills its whole history.
     let floor_home = conversation.or_else(|| {
-        (demand.blocks.is_later_turn() && held.knows_key())
-            .then(|| held.sole_holder())
-            .flatten()
+        held.sole_holder()
+            .filter(|_| demand.blocks.is_later_turn() && held.knows_key())
     });
     for &(_, idx, place, hit) in priced.iter() {
         let peer = &view.peers[idx];
