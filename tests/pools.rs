@@ -70,8 +70,10 @@ async fn requests_go_to_a_peer_that_serves_their_model() {
     for (model, upstream) in expected {
         let mut served = HashSet::new();
         for i in 0..12 {
+            // A session named in a header is still routed by the model its body asks for.
             let answer = client()
                 .post(proxy.url("/v1/chat/completions"))
+                .header("x-session-id", format!("session {}", i % 3))
                 .body(chat_for(model, &format!("conversation {i}"), i % 2 == 0))
                 .send()
                 .await

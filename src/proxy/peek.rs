@@ -190,7 +190,11 @@ pub async fn peek_key(
                     next_attempt = buf.len() + (buf.len() / 2).max(1024)
                 }
                 Extract::NeedMore if short => {
-                    break keys.fallback(client, FallbackReason::PeekLimit)
+                    break keys.key_without_prompt(
+                        &header.headers,
+                        client,
+                        FallbackReason::PeekLimit,
+                    )
                 }
                 Extract::NeedMore => next_attempt = buf.len() + (buf.len() / 2).max(1024),
             }

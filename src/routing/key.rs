@@ -2,7 +2,9 @@
 //!
 //! Sources, first that applies wins: a session header; the stable prefix of an OpenAI chat,
 //! completions, Responses, Anthropic Messages or SGLang generate body; a fallback (the client address, or nothing, which
-//! spreads by load). The body may be a prefix cut anywhere, even mid-string or mid-codepoint:
+//! spreads by load). A session header names the key's point on the ring, but the body of a
+//! prompt route is read all the same: what each peer holds of the prompt is what its engine's
+//! cache can reuse, and a new session on a long shared document must find where that went. The body may be a prefix cut anywhere, even mid-string or mid-codepoint:
 //! jiter's pull parser walks it with partial strings allowed, stops as soon as the key is
 //! complete, and tells a cut body (ask for more bytes) from a malformed one (fall back). The
 //! prompt's blocks are named over the body's bytes from the prompt on ([`super::blocks`]): a
@@ -189,9 +191,10 @@ impl KeyExtractor {
         }
     }
 
-    /// The body format to peek at, or `None` when the key comes from the headers alone.
-    pub fn body_kind(&self, method: &Method, path: &str, headers: &HeaderMap) -> Option<BodyKind> {
-        if *method != Method::POST || self.session_key(headers).is_some() {
+    /// The body format of a request to a prompt route, or `None` when its body carries no
+    /// prompt.
+    pub fn body_kind(&self, method: &Method, path: &str) -> Option<BodyKind> {
+        if *method != Method::POST {
             return None;
         }
         let is = |p: &Option<String>| p.as_deref() == Some(path);
@@ -217,21 +220,41 @@ impl KeyExtractor {
 
     /// The key of a request whose body is not read: its session header, or the fallback.
     pub fn key_without_body(&self, headers: &HeaderMap, client: Option<IpAddr>) -> RoutingKey {
+        self.key_without_prompt(headers, client, FallbackReason::NoKeySource)
+    }
+
+    /// The key of a request whose body gave no prompt, for `reason`: its session header, or
+    /// the fallback.
+    pub fn key_without_prompt(
+        &self,
+        headers: &HeaderMap,
+        client: Option<IpAddr>,
+        reason: FallbackReason,
+    ) -> RoutingKey {
         self.session_key(headers)
-            .unwrap_or_else(|| self.fallback(client, FallbackReason::NoKeySource))
+            .unwrap_or_else(|| self.fallback(client, reason))
+    }
+
+    /// Whether the request names its session in a header.
+    pub fn has_session(&self, headers: &HeaderMap) -> bool {
+        self.session_key(headers).is_some()
     }
 
     pub fn key_for(&self, req: &RequestParts<'_>) -> Extract {
-        let Some(kind) = self.body_kind(req.method, req.path, req.headers) else {
+        let Some(kind) = self.body_kind(req.method, req.path) else {
             return Extract::Key(self.key_without_body(req.headers, req.client));
         };
         match self.body_key(kind, req.body, req.end) {
             Ok((hash, blocks, whole)) => {
-                let key = RoutingKey {
-                    hash: Some(hash),
-                    source: kind.source(),
-                    fallback: None,
-                    blocks,
+                // A session keeps its point on the ring; the prompt's blocks price it.
+                let key = match self.session_key(req.headers) {
+                    Some(session) => RoutingKey { blocks, ..session },
+                    None => RoutingKey {
+                        hash: Some(hash),
+                        source: kind.source(),
+                        fallback: None,
+                        blocks,
+                    },
                 };
                 if whole {
                     Extract::Key(key)
@@ -240,7 +263,9 @@ impl KeyExtractor {
                 }
             }
             Err(Cut::NeedMore) => Extract::NeedMore,
-            Err(Cut::Fallback(reason)) => Extract::Key(self.fallback(req.client, reason)),
+            Err(Cut::Fallback(reason)) => {
+                Extract::Key(self.key_without_prompt(req.headers, req.client, reason))
+            }
         }
     }
 
@@ -260,7 +285,7 @@ impl KeyExtractor {
         })
     }
 
-    pub fn fallback(&self, client: Option<IpAddr>, reason: FallbackReason) -> RoutingKey {
+    fn fallback(&self, client: Option<IpAddr>, reason: FallbackReason) -> RoutingKey {
         let hash = match (self.config.fallback, client) {
             (Fallback::ClientAddr, Some(ip)) => {
                 let mut enc = KeyEncoder::default();

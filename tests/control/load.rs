@@ -49,18 +49,30 @@ async fn an_engine_reporting_a_queue_is_passed_over_until_it_clears() {
 /// A prompt is priced whether its key comes from the body or from a session header: until the
 /// engine's first byte its uncached share counts on the peer's prefill queue, as
 /// `/admin/peers` shows, and the first byte gives it back. A prompt read from the body that no
-/// peer holds counts whole; one known by its session header alone counts all but the newest
+/// peer holds counts whole, with a session header too (the body is read for its blocks); one
+/// known by its session header alone (its body names no prompt) counts all but the newest
 /// turn as cached on its own peer (the record cannot say what that peer holds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_counts_on_its_peers_prefill_queue_until_the_first_byte() {
     let ups = upstreams::<1>().await;
     let proxy = start_proxy(&TestConfig::new().peers(&ups)).await;
     let c = client();
-    let body = chat("system", &"x".repeat(40_000), 1, false);
-    let tokens = (body.len() / prefixlb::routing::Tuning::DEFAULT.chars_per_token as usize) as f64;
-    let turn = (tokens * (1.0 - prefixlb::routing::Tuning::DEFAULT.warm_hit)).ceil() as u64;
+    let per_token = prefixlb::routing::Tuning::DEFAULT.chars_per_token as usize;
+    let whole = |body: &str| (body.len() / per_token) as u64;
+    let plain = chat("system", &"x".repeat(40_000), 1, false);
+    let other = chat("another system", &"y".repeat(40_000), 1, false);
+    // A chat route's body whose messages are no list: no prompt, the session's key alone.
+    let unread = format!(r#"{{"model":"m","messages":"{}"}}"#, "z".repeat(40_000));
+    let turn = |body: &str| {
+        (whole(body) as f64 * (1.0 - prefixlb::routing::Tuning::DEFAULT.warm_hit)).ceil() as u64
+    };
     let a = ups[0].addr_str();
-    for (session, expected) in [(None, tokens as u64), (Some("s-1"), turn)] {
+    let cases = [
+        (None, &plain, whole(&plain)),
+        (Some("s-1"), &other, whole(&other)),
+        (Some("s-2"), &unread, turn(&unread)),
+    ];
+    for (session, body, expected) in cases {
         let mut req = c
             .post(proxy.url("/v1/chat/completions"))
             .header("x-mock-delay-ms", "1000")

@@ -13,6 +13,18 @@ use crate::{post_chat, upstream_of, CHAT};
 /// is idle, since a prefill of the shared part is saved there and nothing is paid for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_stick_to_one_upstream_across_turns() {
+    stick_and_share(false).await;
+}
+
+/// The same with each conversation named in a session header: the header gives its point on
+/// the ring, and the body is still read, so that a new session finds the upstream that holds
+/// its system prompt instead of the one its name hashes to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_in_a_header_stick_and_find_their_shared_prompt() {
+    stick_and_share(true).await;
+}
+
+async fn stick_and_share(session_header: bool) {
     let ups = upstreams::<3>().await;
     let proxy = start_proxy(&TestConfig::new().peers(&ups)).await;
     let c = client();
@@ -23,12 +35,17 @@ async fn conversations_stick_to_one_upstream_across_turns() {
         let system = if conv % 2 == 0 { &own } else { &shared };
         let mut seen = HashSet::new();
         for turn in 1..=5 {
-            let r = post_chat(
-                &c,
-                &proxy,
-                chat(system, &format!("patient {conv}"), turn, false),
-            )
-            .await;
+            let body = chat(system, &format!("patient {conv}"), turn, false);
+            let r = if session_header {
+                c.post(proxy.url(CHAT))
+                    .header("x-session-id", format!("session {conv}"))
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap()
+            } else {
+                post_chat(&c, &proxy, body).await
+            };
             assert_eq!(r.status(), 200);
             seen.insert(upstream_of(&r));
         }
