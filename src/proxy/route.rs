@@ -29,9 +29,16 @@ impl PrefixLb {
         metrics::KEY_SOURCES
             .with_label_values(&[prompt.key.source.as_str()])
             .inc();
-        if let Some(routed) = prompt.previous.as_deref().and_then(|id| self.home_of(id)) {
-            ctx.take_slot(routed);
-            return Ok(());
+        if let Some(id) = prompt.previous.as_deref() {
+            if let Some(routed) = self.home_of(id) {
+                ctx.take_slot(routed);
+                return Ok(());
+            }
+            // The response it continues is not known here: its body names only the new
+            // input, which no engine holds, while its session's name says where it went.
+            if ctx.demand.session {
+                ctx.demand.by_key_alone();
+            }
         }
         if !bounded(session) {
             return self.route_now(session, ctx).map_err(Stop::from);

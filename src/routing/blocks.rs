@@ -89,7 +89,8 @@ impl Blocks {
         c.finish()
     }
 
-    /// A prompt known only by its key (a session header): one point, the key itself.
+    /// A prompt known only by its key (a session header, no prompt read): one point, the key
+    /// itself.
     pub fn of_key(hash: u64) -> Self {
         let mut b = Self::default();
         b.name_key(hash);

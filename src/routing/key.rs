@@ -188,6 +188,7 @@ impl KeyExtractor {
             prompt_tokens: tokens,
             blocks: key.blocks,
             model: None,
+            session: key.source == KeySource::SessionHeader,
         }
     }
 

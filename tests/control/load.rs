@@ -62,7 +62,7 @@ async fn a_prompt_counts_on_its_peers_prefill_queue_until_the_first_byte() {
     let plain = chat("system", &"x".repeat(40_000), 1, false);
     let other = chat("another system", &"y".repeat(40_000), 1, false);
     // A chat route's body whose messages are no list: no prompt, the session's key alone.
-    let unread = format!(r#"{{"model":"m","messages":"{}"}}"#, "z".repeat(40_000));
+    let no_prompt = format!(r#"{{"model":"m","messages":"{}"}}"#, "z".repeat(40_000));
     let turn = |body: &str| {
         (whole(body) as f64 * (1.0 - prefixlb::routing::Tuning::DEFAULT.warm_hit)).ceil() as u64
     };
@@ -70,7 +70,7 @@ async fn a_prompt_counts_on_its_peers_prefill_queue_until_the_first_byte() {
     let cases = [
         (None, &plain, whole(&plain)),
         (Some("s-1"), &other, whole(&other)),
-        (Some("s-2"), &unread, turn(&unread)),
+        (Some("s-2"), &no_prompt, turn(&no_prompt)),
     ];
     for (session, body, expected) in cases {
         let mut req = c

@@ -78,7 +78,7 @@ async fn per_peer_gauges_match_the_streams_the_test_holds_open() {
     let proxy = start_proxy(&cfg).await;
     let c = client();
     let (a, b) = (ups[0].addr_str(), ups[1].addr_str());
-    // Three streams held open on a, by session header so they all hash alike.
+    // Three streams held open on a: a session whose name hashes there, its prompt then held there.
     let (mut session, mut probes) = (None, 0.0);
     for i in 0..50 {
         probes += 1.0;

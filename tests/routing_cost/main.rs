@@ -4,6 +4,7 @@
 mod cold;
 mod properties;
 mod queues;
+mod sessions;
 mod shared_prefixes;
 
 use std::sync::Arc;
@@ -61,23 +62,35 @@ pub(crate) fn completion(prompt: &str) -> Demand {
 
 /// A chat turn's demand, as the proxy makes it: its key and block chain from the body.
 pub(crate) fn chat(messages: &[(&str, &str)]) -> Demand {
+    session_chat(None, messages)
+}
+
+/// A chat turn's demand with its session named in the `x-session-id` header, when `session`.
+pub(crate) fn session_chat(session: Option<&str>, messages: &[(&str, &str)]) -> Demand {
     let messages: Vec<_> = messages
         .iter()
         .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
         .collect();
-    demand_of(
-        "/v1/chat/completions",
-        serde_json::json!({"model": "m", "messages": messages}),
-    )
+    let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
+    demand_with("/v1/chat/completions", body, session)
 }
 
 fn demand_of(path: &str, body: serde_json::Value) -> Demand {
-    let body = body.to_string();
+    demand_with(path, body.to_string(), None)
+}
+
+/// The demand of a request to `path` with `body`, and `session` in the header, as the proxy
+/// makes it.
+pub(crate) fn demand_with(path: &str, body: String, session: Option<&str>) -> Demand {
+    let mut headers = http::HeaderMap::new();
+    if let Some(session) = session {
+        headers.insert("x-session-id", session.parse().unwrap());
+    }
     let keys = KeyExtractor::default();
     let key = match keys.key_for(&RequestParts {
         method: &http::Method::POST,
         path,
-        headers: &http::HeaderMap::new(),
+        headers: &headers,
         client: None,
         body: body.as_bytes(),
         end: BodyEnd::Complete,

@@ -14,6 +14,8 @@ pub struct Demand {
     pub blocks: Blocks,
     /// The pool it goes to; `None`: any peer.
     pub model: Option<ModelId>,
+    /// Whether `hash` names a session (a header), not the prompt.
+    pub session: bool,
 }
 
 impl From<Option<u64>> for Demand {
@@ -28,11 +30,23 @@ impl From<Option<u64>> for Demand {
             prompt_tokens: 0,
             blocks: Blocks::default(),
             model: None,
+            session: false,
         };
         if let Some(hash) = hash {
             demand.blocks.name_key(hash);
         }
         demand
+    }
+}
+
+impl Demand {
+    /// The same request priced by its key alone, as if its body named no prompt: the peer
+    /// that served its key last holds all but its newest turn.
+    pub fn by_key_alone(&mut self) {
+        self.blocks = Blocks::default();
+        if let Some(hash) = self.hash {
+            self.blocks.name_key(hash);
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::balance::{Balance, BoundInputs};
 use super::decision::{Decision, Demand, Route, Routed};
 use super::view::View;
+use crate::routing::blocks::Blocks;
 use crate::routing::cost::{Placement, Pricing, MAX_CANDIDATES};
 use crate::routing::peer::Peer;
 use crate::routing::record::Holdings;
@@ -147,8 +148,13 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
         // record would say of it, the ring says already.
         if moved || !held.is_empty() || !demand.blocks.key_only() {
             let at = slot.priced_at().unwrap_or_else(Instant::now);
-            view.record
-                .record_at(&demand.blocks, slot.peer().serial(), at);
+            let serial = slot.peer().serial();
+            view.record.record_at(&demand.blocks, serial, at);
+            // A session's name goes on record beside its prompt, so that a turn of it known
+            // by the header alone (its body unread, or naming no prompt) finds where it went.
+            if demand.session && !demand.blocks.key_only() {
+                view.record.record_at(&Blocks::of_key(hash), serial, at);
+            }
         }
     };
     // The bound's floor also keeps a chat's later turn at the one peer that served it to its

@@ -5,8 +5,9 @@
 use super::table::{named, Table, Ways, Window, WAYS};
 use crate::routing::blocks::Blocks;
 
-/// The shares of a prompt known by its key alone (a session header): the peer that served it
-/// last holds all but the newest turn, one that served it earlier the turns up to then.
+/// The shares of a prompt known by its key alone (a session header, no prompt read): the peer
+/// that served it last holds all but the newest turn, one that served it earlier the turns up
+/// to then.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct KeyHits {
     pub last: f64,
