@@ -1,14 +1,15 @@
 //! The routing key: what of a request must be equal for two requests to share a KV cache.
 //!
 //! Sources, first that applies wins: a session header; the stable prefix of an OpenAI chat,
-//! completions, Responses, Anthropic Messages or SGLang generate body; a fallback (the client address, or nothing, which
-//! spreads by load). A session header names the key's point on the ring, but the body of a
-//! prompt route is read all the same: what each peer holds of the prompt is what its engine's
-//! cache can reuse, and a new session on a long shared document must find where that went. The body may be a prefix cut anywhere, even mid-string or mid-codepoint:
-//! jiter's pull parser walks it with partial strings allowed, stops as soon as the key is
-//! complete, and tells a cut body (ask for more bytes) from a malformed one (fall back). The
-//! prompt's blocks are named over the body's bytes from the prompt on ([`super::blocks`]): a
-//! complete key asks for more of the body only to name more of them.
+//! completions, Responses, Anthropic Messages or SGLang generate body; a fallback (the client
+//! address, or nothing, which spreads by load). A session header names the key's point on the
+//! ring, but the body of a prompt route is read all the same: what each peer holds of the
+//! prompt is what its engine's cache can reuse, and a new session on a long shared document
+//! must find where that went. The body may be a prefix cut anywhere, even mid-string or
+//! mid-codepoint: jiter's pull parser walks it with partial strings allowed, stops as soon as
+//! the key is complete, and tells a cut body (ask for more bytes) from a malformed one (fall
+//! back). The prompt's blocks are named over the body's bytes from the prompt on
+//! ([`super::blocks`]): a complete key asks for more of the body only to name more of them.
 //!
 //! The chat key is every message up to and including the first `user` message, plus `model`
 //! when it comes before `messages`. History grows at the end, so every turn of one

@@ -43,10 +43,7 @@ impl Demand {
     /// The same request priced by its key alone, as if its body named no prompt: the peer
     /// that served its key last holds all but its newest turn.
     pub fn by_key_alone(&mut self) {
-        self.blocks = Blocks::default();
-        if let Some(hash) = self.hash {
-            self.blocks.name_key(hash);
-        }
+        self.blocks = self.hash.map(Blocks::of_key).unwrap_or_default();
     }
 }
 
