@@ -58,7 +58,7 @@ impl PrefixLb {
         // A client waiting for `100 Continue` before it uploads, with its session in a
         // header, is admitted on the header alone (a full cluster refuses it before the
         // upload); unless the body must say which pool serves its model.
-        let by_header = !pooled && keys.has_session(&header.headers) && expects_continue(session);
+        let by_header = !pooled && expects_continue(session) && keys.has_session(&header.headers);
         if by_header || keys.body_kind(&header.method, header.uri.path()).is_none() {
             let key = keys.key_without_body(&header.headers, client_ip(session));
             return Ok(Prompt {
