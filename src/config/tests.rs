@@ -103,7 +103,8 @@ fn advanced_fills_the_cost_models_tuning() {
     let tuning = |yaml: &str| parse(yaml).unwrap().router.balance.cost.tuning;
     assert_eq!(tuning(""), Tuning::DEFAULT);
     let t = tuning(
-        "advanced: {warm_hit: 0.8, spill_margin_ms: 0, conversation_floor: 16, warm_for_ms: 1000}",
+        "advanced: {warm_hit: 0.8, spill_margin_ms: 0, conversation_floor: 16, \
+         conversation_queue: 1.5, warm_for_ms: 1000}",
     );
     assert_eq!(
         t,
@@ -111,6 +112,7 @@ fn advanced_fills_the_cost_models_tuning() {
             warm_hit: 0.8,
             spill_margin: std::time::Duration::ZERO,
             conversation_floor: 16,
+            conversation_queue: 1.5,
             warm_for: std::time::Duration::from_secs(1),
             ..Tuning::DEFAULT
         }
@@ -129,6 +131,7 @@ fn advanced_values_out_of_range_are_refused_naming_the_field() {
         ("future_turns", ".inf"),
         ("unknown_capacity_floor", "0"),
         ("conversation_floor", "0"),
+        ("conversation_queue", "-0.5"),
         ("chars_per_token", "0"),
         ("warm_for_ms", "0"),
         ("prefix_record_bytes", "1000"),

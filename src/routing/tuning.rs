@@ -57,6 +57,15 @@ pub struct Tuning {
     /// are fewer: a turn sent on prefills its history again. Origin: the cluster bench (8
     /// running slots); above the slots, the llama.cpp engines bench (one and two slots).
     pub conversation_floor: u32,
+    /// The share of its engine's running slots a conversation's own home may queue beyond
+    /// them: home's floor is its slots and this share more, or `conversation_floor` where that
+    /// is higher. Past its slots a turn waits at home for one, which the cost rule prices;
+    /// sent on, it prefills its history again and, where caches are full, evicts another's.
+    /// Origin: the cluster bench's `histories` shape (8-slot GPUs), tuning seeds: 73.0% ->
+    /// 77.5% hits on the lane model and 63.4% -> 66.1% on the engine model at 0.5; 1.0 gave
+    /// the same hits with a p99 up to 1.8x on the engine model, 3.0 fewer hits
+    /// (`docs/benchmarks.md`, 2026-12-06).
+    pub conversation_queue: f64,
     /// Characters of text per token when the prompt's tokens are estimated from its bytes.
     /// Origin: OpenAI's rule of thumb for English text.
     pub chars_per_token: u32,
@@ -94,6 +103,7 @@ impl Tuning {
         future_turns: 3.0,
         unknown_capacity_floor: 4,
         conversation_floor: 8,
+        conversation_queue: 0.5,
         chars_per_token: 4,
         warm_for: Duration::from_secs(60),
         learn_prefill_rate: LearnedRate::Slower,

@@ -1,7 +1,8 @@
 //! Keys among busy peers: a key's concurrent requests stay together while its peer has slots,
 //! a long prefill queue or a full engine sends the next elsewhere (but a conversation's turn
-//! waits for a slot at home while that costs less), and a request without a key or prompt is
-//! still routed until every peer is at its ceiling.
+//! waits for a slot at home while that costs less and half home's slots wait beyond them at
+//! most), and a request without a key or prompt is still routed until every peer is at its
+//! ceiling.
 
 use std::sync::Arc;
 
@@ -121,11 +122,9 @@ fn a_request_without_a_key_or_prompt_is_still_routed() {
     assert_eq!(cluster.in_flight(), 0);
 }
 
-#[test]
-fn a_turn_waits_for_a_slot_at_home_rather_than_prefill_its_history_elsewhere() {
-    let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
-    let peers = cluster.peers().to_vec();
-    let (home, other) = (&peers[0], &peers[1]);
+/// The next turn of a ward conversation whose 6 000-token opening `home` alone served, so
+/// that no other peer holds any of it.
+fn ward_turn(cluster: &Cluster, home: &Peer) -> Demand {
     let chart = "chart ".repeat(4_000);
     let opening = [
         ("system", "You are a ward assistant."),
@@ -137,10 +136,18 @@ fn a_turn_waits_for_a_slot_at_home_rather_than_prefill_its_history_elsewhere() {
         ("assistant", "noted"),
         ("user", "and the dose?"),
     ];
-    // Home alone served the opening: no other peer holds any of the conversation.
     cluster
         .record()
         .record(&chat(&opening).blocks, home.serial());
+    chat(&turn)
+}
+
+#[test]
+fn a_turn_waits_for_a_slot_at_home_rather_than_prefill_its_history_elsewhere() {
+    let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
+    let peers = cluster.peers().to_vec();
+    let (home, other) = (&peers[0], &peers[1]);
+    let turn = ward_turn(&cluster, home);
     // Both engines run two at once; home's two are taken, the other idles. The balance bound
     // (1.25 · 3 / 2) and home's slots are two, but a conversation's home is bounded no lower
     // than the conversation floor (8), and waiting there for a slot (half a stream: 0.25 s)
@@ -148,6 +155,30 @@ fn a_turn_waits_for_a_slot_at_home_rather_than_prefill_its_history_elsewhere() {
     known_slots(home, 2);
     known_slots(other, 2);
     let _held = streams(home, 2);
-    let r = cluster.select(&COST, chat(&turn), &[]).routed().unwrap();
+    let r = cluster.select(&COST, turn, &[]).routed().unwrap();
     assert!(Arc::ptr_eq(r.slot.peer(), home), "left its history");
+}
+
+#[test]
+fn home_queues_half_its_slots_beyond_them_before_a_turn_leaves() {
+    let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
+    let peers = cluster.peers().to_vec();
+    let (home, other) = (&peers[0], &peers[1]);
+    // Engines of eight slots, all of home's taken and three turns waiting there: a fourth
+    // waits 4/8 of a stream (0.25 s), less than the other engine's 0.75 s prefill, and home
+    // takes up to 8 + 4 whatever the balance bound (1.25 · 12 / 2 = 8).
+    known_slots(home, 8);
+    known_slots(other, 8);
+    let mut held = streams(home, 11);
+    let r = cluster.select(&COST, ward_turn(&cluster, home), &[]);
+    let r = r.routed().unwrap();
+    assert!(Arc::ptr_eq(r.slot.peer(), home), "left a queue of three");
+    // Twelve there: home is still priced cheaper, but its queue is full.
+    held.push(r.slot);
+    let r = cluster.select(&COST, ward_turn(&cluster, home), &[]);
+    let r = r.routed().unwrap();
+    assert!(
+        Arc::ptr_eq(r.slot.peer(), other),
+        "queued past half its slots"
+    );
 }

@@ -110,6 +110,7 @@ fn tuning(a: &Advanced) -> Result<Tuning, ConfigError> {
         future_turns: non_negative(&field("future_turns"), a.future_turns)?,
         unknown_capacity_floor: floor("unknown_capacity_floor", a.unknown_capacity_floor)?,
         conversation_floor: floor("conversation_floor", a.conversation_floor)?,
+        conversation_queue: non_negative(&field("conversation_queue"), a.conversation_queue)?,
         chars_per_token: floor("chars_per_token", a.chars_per_token)?,
         warm_for: millis(&field("warm_for_ms"), a.warm_for_ms)?,
         learn_prefill_rate: a.learn_prefill_rate,

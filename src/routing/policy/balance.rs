@@ -67,7 +67,8 @@ pub struct BoundInputs {
     /// no wait.
     pub capacity: u32,
     /// Whether the request is a turn of a conversation whose history this peer alone holds
-    /// (then the floor is the tuning's `conversation_floor` where that is above the slots).
+    /// (then the floor is the slots and the tuning's `conversation_queue` share of them more,
+    /// or its `conversation_floor` where that is higher).
     pub conversation_home: bool,
 }
 
@@ -82,10 +83,16 @@ impl Balance {
             Policy::ConsistentHash => return UNLIMITED,
             Policy::RoundRobin | Policy::LeastInFlight => return at.max_in_flight,
             Policy::BoundedConsistentHash => 0,
-            // A turn sent from its home prefills its history again elsewhere, which on an
-            // engine of few slots costs more than waiting for one of home's; the cost rule
-            // prices that wait, so home may queue a few turns beyond its slots.
-            Policy::LeastCost if at.conversation_home => at.capacity.max(tuning.conversation_floor),
+            // A turn sent from its home prefills its history again elsewhere, which costs
+            // more than waiting for one of home's slots while few wait for them; the cost
+            // rule prices that wait, so home may queue some turns beyond its slots.
+            Policy::LeastCost if at.conversation_home => {
+                let queue = (f64::from(at.capacity) * tuning.conversation_queue).ceil();
+                let queue = queue.min(f64::from(UNLIMITED)) as u32;
+                at.capacity
+                    .saturating_add(queue)
+                    .max(tuning.conversation_floor)
+            }
             Policy::LeastCost if at.capacity == 0 => tuning.unknown_capacity_floor,
             Policy::LeastCost => at.capacity,
         };
