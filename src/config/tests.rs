@@ -104,7 +104,7 @@ fn advanced_fills_the_cost_models_tuning() {
     assert_eq!(tuning(""), Tuning::DEFAULT);
     let t = tuning(
         "advanced: {warm_hit: 0.8, spill_margin_ms: 0, conversation_floor: 16, \
-         conversation_queue: 1.5, warm_for_ms: 1000}",
+         conversation_queue: 1.5, prefix_home_share: 1, warm_for_ms: 1000}",
     );
     assert_eq!(
         t,
@@ -113,6 +113,7 @@ fn advanced_fills_the_cost_models_tuning() {
             spill_margin: std::time::Duration::ZERO,
             conversation_floor: 16,
             conversation_queue: 1.5,
+            prefix_home_share: 1.0,
             warm_for: std::time::Duration::from_secs(1),
             ..Tuning::DEFAULT
         }
@@ -132,6 +133,7 @@ fn advanced_values_out_of_range_are_refused_naming_the_field() {
         ("unknown_capacity_floor", "0"),
         ("conversation_floor", "0"),
         ("conversation_queue", "-0.5"),
+        ("prefix_home_share", "1.5"),
         ("chars_per_token", "0"),
         ("warm_for_ms", "0"),
         ("prefix_record_bytes", "1000"),

@@ -66,6 +66,15 @@ pub struct Tuning {
     /// the same hits with a p99 up to 1.8x on the engine model, 3.0 fewer hits
     /// (`docs/benchmarks.md`, 2026-12-06).
     pub conversation_queue: f64,
+    /// The share of a prompt a peer must hold more than (and as much of it as any other) for
+    /// its bound to be floored as a conversation's own home is (its slots and
+    /// `conversation_queue` more, at least `conversation_floor`): elsewhere the request would
+    /// prefill that share again, a new conversation a long shared document, a later turn a
+    /// history two peers hold. 1: only a conversation's own home. Origin: the cluster bench's
+    /// tuning seeds, 1 and 0.5 alternately twice: hits +0.58 and +0.26 points, TTFT p99 0.88x
+    /// and 0.98x, gained on `long` and `prompts` each time; on two llama.cpp engines within
+    /// the noise, fewer turns moved (`docs/benchmarks.md`, 2026-12-06).
+    pub prefix_home_share: f64,
     /// Characters of text per token when the prompt's tokens are estimated from its bytes.
     /// Origin: OpenAI's rule of thumb for English text.
     pub chars_per_token: u32,
@@ -104,6 +113,7 @@ impl Tuning {
         unknown_capacity_floor: 4,
         conversation_floor: 8,
         conversation_queue: 0.5,
+        prefix_home_share: 0.5,
         chars_per_token: 4,
         warm_for: Duration::from_secs(60),
         learn_prefill_rate: LearnedRate::Slower,

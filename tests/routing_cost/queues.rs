@@ -1,7 +1,7 @@
 //! Keys among busy peers: a key's concurrent requests stay together while its peer has slots,
-//! a long prefill queue or a full engine sends the next elsewhere (but a conversation's turn
-//! waits for a slot at home while that costs less and half home's slots wait beyond them at
-//! most), and a request without a key or prompt is still routed until every peer is at its
+//! a long prefill queue or a full engine sends the next elsewhere (but a conversation's turn,
+//! or a new one on a long document, waits for a slot at home while that costs less and half
+//! home's slots wait beyond them at most), and a request without a key or prompt is still routed until every peer is at its
 //! ceiling.
 
 use std::sync::Arc;
@@ -181,4 +181,44 @@ fn home_queues_half_its_slots_beyond_them_before_a_turn_leaves() {
         Arc::ptr_eq(r.slot.peer(), other),
         "queued past half its slots"
     );
+}
+
+/// A new conversation on a 15 000-token document whose earlier conversation `home` alone
+/// served.
+fn on_the_document(cluster: &Cluster, home: &Peer) -> Demand {
+    let document = "clause ".repeat(9_000);
+    let earlier = [("system", document.as_str()), ("user", "summarise it")];
+    cluster
+        .record()
+        .record(&chat(&earlier).blocks, home.serial());
+    chat(&[("system", document.as_str()), ("user", "and clause nine?")])
+}
+
+#[test]
+fn a_new_conversation_queues_at_its_documents_peer_rather_than_prefill_it_again() {
+    let only_conversations = Balance {
+        cost: CostModel {
+            tuning: Tuning {
+                prefix_home_share: 1.0,
+                ..Tuning::DEFAULT
+            },
+            ..CostModel::DEFAULT
+        },
+        ..COST
+    };
+    for (balance, stays) in [(COST, true), (only_conversations, false)] {
+        let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
+        let peers = cluster.peers().to_vec();
+        let (home, other) = (&peers[0], &peers[1]);
+        // Engines of eight slots, home's all taken: the balance bound (1.25 · 9 / 2 = 6) and
+        // home's slots refuse a ninth there, but home, its queue priced for this turn and the
+        // three to come (1.5 s), costs less than prefilling the document on the other engine
+        // (2.0 s).
+        known_slots(home, 8);
+        known_slots(other, 8);
+        let _held = streams(home, 8);
+        let r = cluster.select(&balance, on_the_document(&cluster, home), &[]);
+        let r = r.routed().unwrap();
+        assert_eq!(Arc::ptr_eq(r.slot.peer(), home), stays, "{balance:?}");
+    }
 }

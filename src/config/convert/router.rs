@@ -111,6 +111,7 @@ fn tuning(a: &Advanced) -> Result<Tuning, ConfigError> {
         unknown_capacity_floor: floor("unknown_capacity_floor", a.unknown_capacity_floor)?,
         conversation_floor: floor("conversation_floor", a.conversation_floor)?,
         conversation_queue: non_negative(&field("conversation_queue"), a.conversation_queue)?,
+        prefix_home_share: share(&field("prefix_home_share"), a.prefix_home_share)?,
         chars_per_token: floor("chars_per_token", a.chars_per_token)?,
         warm_for: millis(&field("warm_for_ms"), a.warm_for_ms)?,
         learn_prefill_rate: a.learn_prefill_rate,

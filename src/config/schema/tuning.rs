@@ -26,6 +26,7 @@ pub struct Advanced {
     pub unknown_capacity_floor: u32,
     pub conversation_floor: u32,
     pub conversation_queue: f64,
+    pub prefix_home_share: f64,
     pub chars_per_token: u32,
     pub warm_for_ms: u64,
     #[serde(deserialize_with = "switch")]
@@ -51,6 +52,7 @@ impl Default for Advanced {
             unknown_capacity_floor: t.unknown_capacity_floor,
             conversation_floor: t.conversation_floor,
             conversation_queue: t.conversation_queue,
+            prefix_home_share: t.prefix_home_share,
             chars_per_token: t.chars_per_token,
             warm_for_ms: ms(t.warm_for),
             learn_prefill_rate: t.learn_prefill_rate,
