@@ -1,8 +1,8 @@
 //! Keys among busy peers: a key's concurrent requests stay together while its peer has slots,
 //! a long prefill queue or a full engine sends the next elsewhere (but a conversation's turn,
 //! or a new one on a long document, waits for a slot at home while that costs less and half
-//! home's slots wait beyond them at most), and a request without a key or prompt is still routed until every peer is at its
-//! ceiling.
+//! home's slots wait beyond them at most), and a request without a key or prompt is still
+//! routed until every peer is at its ceiling.
 
 use std::sync::Arc;
 

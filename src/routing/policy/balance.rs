@@ -66,10 +66,11 @@ pub struct BoundInputs {
     /// below them (or the tuning's `unknown_capacity_floor`), since a free running slot costs
     /// no wait.
     pub capacity: u32,
-    /// Whether the request is a turn of a conversation whose history this peer alone holds
-    /// (then the floor is the slots and the tuning's `conversation_queue` share of them more,
-    /// or its `conversation_floor` where that is higher).
-    pub conversation_home: bool,
+    /// Whether the peer is the request's home: it alone holds the conversation's history, or
+    /// it holds more of the prompt than the tuning's `prefix_home_share` and as much as any
+    /// peer (then the floor is the slots and the tuning's `conversation_queue` share of them
+    /// more, or its `conversation_floor` where that is higher).
+    pub home: bool,
 }
 
 impl Balance {
@@ -86,7 +87,7 @@ impl Balance {
             // A turn sent from its home prefills its history again elsewhere, which costs
             // more than waiting for one of home's slots while few wait for them; the cost
             // rule prices that wait, so home may queue some turns beyond its slots.
-            Policy::LeastCost if at.conversation_home => {
+            Policy::LeastCost if at.home => {
                 let queue = (f64::from(at.capacity) * tuning.conversation_queue).ceil();
                 let queue = queue.min(f64::from(UNLIMITED)) as u32;
                 at.capacity

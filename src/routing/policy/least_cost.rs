@@ -178,7 +178,7 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     for &(_, idx, place, hit) in priced.iter() {
         let peer = &view.peers[idx];
         let bound = balance.bound(BoundInputs {
-            conversation_home: floor_home == Some(peer.serial()) || prefix_home(peer),
+            home: floor_home == Some(peer.serial()) || prefix_home(peer),
             ..view.bound_inputs(peer)
         });
         let Some(mut slot) = peer.try_take(bound) else {

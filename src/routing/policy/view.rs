@@ -128,7 +128,7 @@ impl View<'_> {
             total_in_flight,
             eligible_weight,
             capacity: peer.capacity(),
-            conversation_home: false,
+            home: false,
         }
     }
 
