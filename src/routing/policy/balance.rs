@@ -84,9 +84,9 @@ impl Balance {
             Policy::ConsistentHash => return UNLIMITED,
             Policy::RoundRobin | Policy::LeastInFlight => return at.max_in_flight,
             Policy::BoundedConsistentHash => 0,
-            // A turn sent from its home prefills its history again elsewhere, which costs
-            // more than waiting for one of home's slots while few wait for them; the cost
-            // rule prices that wait, so home may queue some turns beyond its slots.
+            // A request sent from its home prefills its history (or its document) again
+            // elsewhere, which costs more than waiting for one of home's slots while few wait
+            // for them; the cost rule prices that wait, so home may queue some beyond them.
             Policy::LeastCost if at.home => {
                 let queue = (f64::from(at.capacity) * tuning.conversation_queue).ceil();
                 let queue = queue.min(f64::from(UNLIMITED)) as u32;

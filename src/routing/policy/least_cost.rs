@@ -164,21 +164,19 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
             .filter(|_| demand.blocks.is_later_turn() && held.knows_key())
     });
     // So does a peer holding as much of the prompt as any, where that is most of it: sent on,
-    // the request prefills a long shared document (or a history two peers hold) again. Of a
-    // prompt known by its key alone the share is assumed, not measured: no floor for it.
-    let deepest = (0..n)
-        .map(|p| held.share(view.peers[candidates[p]].serial()))
-        .fold(0.0, f64::max);
-    let prefix_home = |peer: &Peer| {
-        !by_construction
-            && !demand.blocks.key_only()
-            && deepest > tuning.prefix_home_share
-            && held.share(peer.serial()) >= deepest
+    // the request prefills a long shared document (or a history two peers hold) again. The
+    // priced shares are the record's but by construction or of a prompt known by its key
+    // alone, where they are assumed: no floor for those.
+    let measured = !by_construction && !demand.blocks.key_only();
+    let deepest = hits[..n].iter().copied().fold(0.0, f64::max);
+    let is_home = |peer: &Peer, hit: f64| {
+        floor_home == Some(peer.serial())
+            || (measured && deepest > tuning.prefix_home_share && hit >= deepest)
     };
     for &(_, idx, place, hit) in priced.iter() {
         let peer = &view.peers[idx];
         let bound = balance.bound(BoundInputs {
-            home: floor_home == Some(peer.serial()) || prefix_home(peer),
+            home: is_home(peer, hit),
             ..view.bound_inputs(peer)
         });
         let Some(mut slot) = peer.try_take(bound) else {
