@@ -31,10 +31,14 @@ pub struct Tuning {
     /// How much cheaper than the primary another peer must be to take a request from it: less
     /// is the noise of learned times and tiny prompts. Origin: the cluster bench (6001b53).
     pub spill_margin: Duration,
-    /// The share of home's cost another peer must also undercut it by: a move trades decode
-    /// time and home's other streams for the mover's own first token. Origin: the cluster
-    /// bench's `chats` and `hot` shapes; 0.1 and 0.5 stay within repeated runs' noise on the
-    /// tuning seeds (`docs/benchmarks.md`, 2026-12-04).
+    /// The share of a conversation's home's cost another peer must also undercut it by: a
+    /// move trades decode time and home's other streams for the mover's own first token. And
+    /// the share of the prefill a request would make another peer do, beyond the peer holding
+    /// most of its prompt (`prefix_home_share`), that the other must undercut that peer by: a
+    /// copy holds the GPU it lands on. Origin: the cluster bench's `chats` and `hot` shapes;
+    /// 0.1 and 0.5 stay within repeated runs' noise on the tuning seeds (2026-12-04); as the
+    /// copy's hurdle, with home's floor at unknown slots, the tuning seeds alternately twice:
+    /// hits +0.48 and +0.53 points, TTFT p99 0.94x and 0.95x (`docs/benchmarks.md`).
     pub spill_share: f64,
     /// Whether a request may go where it must prefill more of its prompt than at home only onto
     /// a peer with a running slot free (when its engine has shown its slots): a second copy of
@@ -54,8 +58,11 @@ pub struct Tuning {
     /// smallest batch any engine in the docs runs (llama.cpp's `-np 4`).
     pub unknown_capacity_floor: u32,
     /// The least a conversation's own home is bounded at, above its engine's slots where they
-    /// are fewer: a turn sent on prefills its history again. Origin: the cluster bench (8
-    /// running slots); above the slots, the llama.cpp engines bench (one and two slots).
+    /// are fewer: a turn sent on prefills its history again; and its slots while its engine
+    /// has not shown them (home then queues `conversation_queue` of them beyond: held at the
+    /// floor, an engine with as many slots never queues, and never shows them). Origin: the
+    /// cluster bench (8 running slots); above the slots, the llama.cpp engines bench (one and
+    /// two slots).
     pub conversation_floor: u32,
     /// The share of its engine's running slots a conversation's own home may queue beyond
     /// them: home's floor is its slots and this share more, or `conversation_floor` where that

@@ -1,8 +1,9 @@
 //! Keys among busy peers: a key's concurrent requests stay together while its peer has slots,
 //! a long prefill queue or a full engine sends the next elsewhere (but a conversation's turn,
 //! or a new one on a long document, waits for a slot at home while that costs less and half
-//! home's slots wait beyond them at most), and a request without a key or prompt is still
-//! routed until every peer is at its ceiling.
+//! home's slots, or of the conversation floor while they are unknown, wait beyond them at
+//! most), and a request without a key or prompt is still routed until every peer is at its
+//! ceiling.
 
 use std::sync::Arc;
 
@@ -183,6 +184,30 @@ fn home_queues_half_its_slots_beyond_them_before_a_turn_leaves() {
     );
 }
 
+#[test]
+fn home_queues_beyond_the_floor_before_its_engine_has_shown_its_slots() {
+    let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
+    let peers = cluster.peers().to_vec();
+    let (home, other) = (&peers[0], &peers[1]);
+    // Neither engine has queued yet, so neither's slots are known and no wait is priced: home
+    // costs its streams' decode share (0.02 s each), the other engine the history's prefill
+    // (0.6 s). The conversation floor (8) stands in for home's slots, and half of it more
+    // may queue there, as behind known slots: twelve, whatever the balance bound.
+    let mut held = streams(home, 8);
+    for n in 8..12 {
+        let r = cluster.select(&COST, ward_turn(&cluster, home), &[]);
+        let r = r.routed().unwrap();
+        assert!(Arc::ptr_eq(r.slot.peer(), home), "left home at {n}");
+        held.push(r.slot);
+    }
+    let r = cluster.select(&COST, ward_turn(&cluster, home), &[]);
+    let r = r.routed().unwrap();
+    assert!(
+        Arc::ptr_eq(r.slot.peer(), other),
+        "queued past the floor and half"
+    );
+}
+
 /// A new conversation on a 15 000-token document whose earlier conversation `home` alone
 /// served.
 fn on_the_document(cluster: &Cluster, home: &Peer) -> Demand {
@@ -220,5 +245,34 @@ fn a_new_conversation_queues_at_its_documents_peer_rather_than_prefill_it_again(
         let r = cluster.select(&balance, on_the_document(&cluster, home), &[]);
         let r = r.routed().unwrap();
         assert_eq!(Arc::ptr_eq(r.slot.peer(), home), stays, "{balance:?}");
+    }
+}
+
+#[test]
+fn a_new_conversation_leaves_its_documents_peer_only_for_a_clear_gain() {
+    // The document's peer has another prompt in prefill ahead (`ahead` tokens); the other
+    // engine idles. Elsewhere the 15 000-token document is prefilled again, with the
+    // requests to come waiting it out: 2.0 s. At home: the wait for the prefill ahead (2.05
+    // or 4.0 s) and the new question. Home is left only for a gain of more than a quarter of
+    // that second prefill (0.4 s).
+    for (ahead, stays) in [(20_500, true), (40_000, false)] {
+        let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
+        let peers = cluster.peers().to_vec();
+        let (home, other) = (&peers[0], &peers[1]);
+        let mut prefilling = home.take();
+        prefilling.expect_prefill(ahead, 0.0, u64::from(ahead));
+        let r = cluster.select(&COST, on_the_document(&cluster, home), &[]);
+        let r = r.routed().unwrap();
+        let went = if Arc::ptr_eq(r.slot.peer(), home) {
+            "home"
+        } else {
+            "away"
+        };
+        assert_eq!(
+            Arc::ptr_eq(r.slot.peer(), home),
+            stays,
+            "{ahead} ahead: went {went}"
+        );
+        assert_eq!(Arc::ptr_eq(r.slot.peer(), other), !stays);
     }
 }

@@ -68,8 +68,9 @@ pub struct BoundInputs {
     pub capacity: u32,
     /// Whether the peer is the request's home: it alone holds the conversation's history, or
     /// it holds more of the prompt than the tuning's `prefix_home_share` and as much as any
-    /// peer (then the floor is the slots and the tuning's `conversation_queue` share of them
-    /// more, or its `conversation_floor` where that is higher).
+    /// peer (then the floor is the slots, or the tuning's `conversation_floor` while they are
+    /// unknown, and its `conversation_queue` share of them more; at least
+    /// `conversation_floor`).
     pub home: bool,
 }
 
@@ -87,12 +88,17 @@ impl Balance {
             // A request sent from its home prefills its history (or its document) again
             // elsewhere, which costs more than waiting for one of home's slots while few wait
             // for them; the cost rule prices that wait, so home may queue some beyond them.
+            // Until the engine shows its slots the conversation floor stands in for them, with
+            // the same queue beyond: held at the floor alone, home never queues, and so never
+            // shows them.
             Policy::LeastCost if at.home => {
-                let queue = (f64::from(at.capacity) * tuning.conversation_queue).ceil();
+                let slots = match at.capacity {
+                    0 => tuning.conversation_floor,
+                    known => known,
+                };
+                let queue = (f64::from(slots) * tuning.conversation_queue).ceil();
                 let queue = queue.min(f64::from(UNLIMITED)) as u32;
-                at.capacity
-                    .saturating_add(queue)
-                    .max(tuning.conversation_floor)
+                slots.saturating_add(queue).max(tuning.conversation_floor)
             }
             Policy::LeastCost if at.capacity == 0 => tuning.unknown_capacity_floor,
             Policy::LeastCost => at.capacity,

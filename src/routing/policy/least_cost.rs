@@ -26,7 +26,8 @@ const PRICED_OUT: u64 = 1 << 48;
 /// when all of those are at theirs, the first peer further on with room. Another peer wins
 /// over the prompt's home (its primary, or the peer holding most of it once the record has
 /// seen its conversation) only by more than the tuning's `spill_margin` (and, from a
-/// conversation's own home, its `spill_share` of home's cost), and ties go to home, then to
+/// conversation's own home, its `spill_share` of home's cost; from a peer holding most of the
+/// prompt, that share of the prefill it would do beyond home's), and ties go to home, then to
 /// the earlier peer of the walk, so that processes that see the same loads choose alike and
 /// noise does not move keys. With the tuning's `copies_need_room`, a peer that would prefill
 /// more of the prompt than home comes after all the others while its engine's running slots
@@ -91,6 +92,8 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     let mut priced = [(0u64, 0, 0, 0.0); MAX_CANDIDATES as usize];
     // Whether each priced peer's engine had every running slot taken, as priced.
     let mut slots_taken = [false; MAX_CANDIDATES as usize];
+    // The prefill each priced peer would do beyond home's, in milliseconds at its rate.
+    let mut copy_ms = [0u64; MAX_CANDIDATES as usize];
     // Why a request went where it did cannot be read afterwards: the state it was priced on
     // is gone a moment later. At debug level each decision says it (without the key, which,
     // unkeyed, would confirm a guessed prompt).
@@ -111,12 +114,16 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
         }
         priced[place] = ((cost * 1000.0).round() as u64, idx, place, hit);
         slots_taken[place] = now.slots_taken();
+        let beyond_home = (hits[home] - hit).max(0.0) * f64::from(prompt_tokens);
+        copy_ms[place] = (beyond_home / balance.cost.rate(&now) * 1000.0).round() as u64;
         if let Some(trace) = trace.as_mut() {
             let _ = write!(
                 trace,
-                " {}: cost_ms={} hit={hit:.2} load={}/{} prefill_queue={} rate={:.0} decode_ms={};",
+                " {}: cost_ms={} copy_ms={} hit={hit:.2} load={}/{} prefill_queue={} rate={:.0} \
+                 decode_ms={};",
                 view.peers[idx].id(),
                 priced[place].0,
+                copy_ms[place],
                 now.load,
                 now.capacity,
                 now.prefill_queue,
@@ -125,16 +132,32 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
             );
         }
     }
-    // A conversation's own turns leave its history only for a clear gain; a new one
-    // leaves home for any.
+    // A peer is a home by what it holds where it alone holds the conversation, or holds as
+    // much of the prompt as any peer and most of it: sent on, the request prefills a long
+    // shared document (or a history two peers hold) again. The priced shares are the
+    // record's but by construction or of a prompt known by its key alone, where they are
+    // assumed: no such home for those.
     let conversation = held.conversation_home();
+    let measured = !by_construction && !demand.blocks.key_only();
+    let deepest = hits[..n].iter().copied().fold(0.0, f64::max);
+    let home_by_share = |hit: f64| measured && deepest > tuning.prefix_home_share && hit >= deepest;
+    // A conversation's own turns leave its history only for a clear gain, a share of home's
+    // cost. Other requests leave a peer holding most of their prompt only for more than that
+    // share of the prefill they make the other peer do: a copy holds the GPU it lands on and
+    // what arrives there meanwhile, which its price counts only in part. Any other home is
+    // left for any gain.
     let spill_margin = tuning.spill_margin.as_millis() as u64;
     let margin = match conversation {
         Some(_) => spill_margin.max((priced[home].0 as f64 * tuning.spill_share) as u64),
         None => spill_margin,
     };
+    let copy_hurdle = conversation.is_none() && home_by_share(hits[home]);
     for p in priced[..n].iter_mut().filter(|p| p.2 != home) {
-        p.0 += margin;
+        p.0 += if copy_hurdle {
+            margin.max((copy_ms[p.2] as f64 * tuning.spill_share) as u64)
+        } else {
+            margin
+        };
         // A copy onto an engine with no slot free is tried only when home refuses, and
         // then in the order of its price among the others priced out.
         if tuning.copies_need_room && p.3 < hits[home] && slots_taken[p.2] {
@@ -163,16 +186,8 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
         held.sole_holder()
             .filter(|_| demand.blocks.is_later_turn() && held.knows_key())
     });
-    // So does a peer holding as much of the prompt as any, where that is most of it: sent on,
-    // the request prefills a long shared document (or a history two peers hold) again. The
-    // priced shares are the record's but by construction or of a prompt known by its key
-    // alone, where they are assumed: no floor for those.
-    let measured = !by_construction && !demand.blocks.key_only();
-    let deepest = hits[..n].iter().copied().fold(0.0, f64::max);
-    let is_home = |peer: &Peer, hit: f64| {
-        floor_home == Some(peer.serial())
-            || (measured && deepest > tuning.prefix_home_share && hit >= deepest)
-    };
+    // So does a peer holding most of the prompt, as much as any.
+    let is_home = |peer: &Peer, hit: f64| floor_home == Some(peer.serial()) || home_by_share(hit);
     for &(_, idx, place, hit) in priced.iter() {
         let peer = &view.peers[idx];
         let bound = balance.bound(BoundInputs {
