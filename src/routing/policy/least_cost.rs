@@ -132,11 +132,10 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
             );
         }
     }
-    // A peer is a home by what it holds where it alone holds the conversation, or holds as
-    // much of the prompt as any peer and most of it: sent on, the request prefills a long
-    // shared document (or a history two peers hold) again. The priced shares are the
-    // record's but by construction or of a prompt known by its key alone, where they are
-    // assumed: no such home for those.
+    // Besides a conversation's own peer, a peer holding most of the prompt, as much as any
+    // other, is a home: sent on, the request prefills a long shared document (or a history
+    // two peers hold) again. The priced shares are the record's but by construction or of a
+    // prompt known by its key alone, where they are assumed: no such home for those.
     let conversation = held.conversation_home();
     let measured = !by_construction && !demand.blocks.key_only();
     let deepest = hits[..n].iter().copied().fold(0.0, f64::max);
