@@ -253,16 +253,8 @@ fn a_new_conversation_leaves_its_documents_peer_only_for_a_clear_gain() {
         prefilling.expect_prefill(ahead, 0.0, u64::from(ahead));
         let r = cluster.select(&COST, on_the_document(&cluster, home), &[]);
         let r = r.routed().unwrap();
-        let went = if Arc::ptr_eq(r.slot.peer(), home) {
-            "home"
-        } else {
-            "away"
-        };
-        assert_eq!(
-            Arc::ptr_eq(r.slot.peer(), home),
-            stays,
-            "{ahead} ahead: went {went}"
-        );
+        let at_home = Arc::ptr_eq(r.slot.peer(), home);
+        assert_eq!(at_home, stays, "{ahead} tokens ahead: at home {at_home}");
         assert_eq!(Arc::ptr_eq(r.slot.peer(), other), !stays);
     }
 }
