@@ -80,6 +80,10 @@ impl Row<'_> {
         self.spread(RunResult::mean_e2e)
     }
 
+    pub fn mean_ttft(&self) -> Spread {
+        self.spread(RunResult::mean_ttft)
+    }
+
     pub fn imbalance(&self) -> Spread {
         self.spread(RunResult::imbalance)
     }
