@@ -2,7 +2,7 @@
 //! Pingora proxy that only picks an upstream (round robin), built and set up as prefixlb is with
 //! its defaults: the allocator, the log level (`info`), Pingora's defaults prefixlb applies when
 //! `pingora.yaml` is silent (threads, fast-timer limit), the upstream timeouts, the client write
-//! timeout, the same upstream connection pool and the same listener buffers.
+//! timeout, the same upstream connection pool, the same listener buffers and the same modules.
 //!
 //! `cargo run --release --example bare_proxy -- --listen 127.0.0.1:8081 --upstream 127.0.0.1:8000 -c conf/pingora.yaml`
 
@@ -43,6 +43,9 @@ impl ProxyHttp for Bare {
     type CTX = ();
 
     fn new_ctx(&self) {}
+
+    // As prefixlb: no response-compression module (Pingora adds a disabled one by default).
+    fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
 
     async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
         session.set_write_timeout(Some(self.settings.client_write_timeout));

@@ -59,6 +59,11 @@ impl ProxyHttp for PrefixLb {
         RequestCtx::new(self.activity.request())
     }
 
+    // Pingora adds a response-compression module, disabled, to every request unless told
+    // otherwise; prefixlb compresses nothing (token streams must flush as they come), so it
+    // would only cost each request its context and a filter call per chunk.
+    fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
+
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         session.set_write_timeout(Some(self.settings.client_write_timeout));
         // Requests a client sends before reading the answer to the one before are answered in
