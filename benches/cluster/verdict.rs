@@ -151,8 +151,8 @@ pub fn verdict(
             .unwrap_or((f64::NAN, String::new()))
     };
     let (best_p50, p50_by) = best(&|r| r.p(50.0).median);
-    // Not a target: beside p50, it tells a median lost to a router that spared most requests
-    // by melting a few from one lost to more waiting overall.
+    // Not a target. Read beside p50: a peer with a lower median and a higher mean bought its
+    // median with a tail (most requests spared, a few melted), not with less waiting overall.
     let (best_mean, mean_by) = best(&|r| r.mean_ttft().median);
     let (best_p99, p99_by) = best(&|r| r.p(99.0).median);
     let (best_excess, excess_by) = best(&|r| r.excess().median);
