@@ -4,10 +4,12 @@
 //! seeded multi-turn workload, each pass starting with cold caches (llama.cpp's engines
 //! restarted, vLLM's prefix caches emptied).
 //!
-//! `cargo bench --bench engines [-- SEED... ROUTER... llama|vllm]`: numbers are seeds (one
-//! pass per seed and router; medians with min-max when more than one), `llama` or `vllm` keeps
-//! those engines only, anything else keeps the routers whose name holds it (or is it, ending in
-//! `$`). Prints a table per engine and writes `target/bench-results/engines.json` (or
+//! `cargo bench --bench engines [-- SEED... ROUTER... llama|vllm runs=N]`: numbers are seeds
+//! (one pass per seed and router; medians with min-max when more than one), `llama` or `vllm`
+//! keeps those engines only, `runs=N` runs every router's seeds N times over (router after
+//! router, run after run) and adds a table of the medians of the runs' medians, anything else
+//! keeps the routers whose name holds it (or is it, ending in `$`). Prints a table per engine
+//! and run, with prefixlb's rows against the best peer's figures, and writes `target/bench-results/engines.json` (or
 //! `$BENCH_OUT`). vLLM engines that cannot be installed or started are skipped with the
 //! reason, and the run exits non-zero. `BENCH_LLAMA_ARGS` adds arguments to every
 //! `llama-server` (`-sps 0`: see `docs/real-engines.md`). `BENCH_DEBUG_DIR` keeps prefixlb's
@@ -91,11 +93,17 @@ async fn main() {
     if seeds.is_empty() {
         seeds.push(SEED);
     }
+    let runs: usize = args
+        .iter()
+        .find_map(|a| a.strip_prefix("runs="))
+        .map_or(1, |n| n.parse().expect("runs=N takes a number"))
+        .max(1);
     let only = |kind: &str| args.iter().any(|a| a == kind);
     let (llama_only, vllm_only) = (only("llama"), only("vllm"));
     let names: Vec<&String> = args
         .iter()
         .filter(|a| a.parse::<u64>().is_err() && *a != "llama" && *a != "vllm")
+        .filter(|a| !a.starts_with("runs="))
         .collect();
     let routers: Vec<Router> = ROUTERS
         .into_iter()
@@ -110,14 +118,14 @@ async fn main() {
         if !extra.is_empty() {
             println!("llama-server run with {}", extra.join(" "));
         }
-        rows.extend(passes(&Engines::Llama(&setup), &routers, &seeds).await);
+        rows.extend(over_runs(&Engines::Llama(&setup), &routers, &seeds, runs).await);
     }
     if !llama_only {
         let logs = tempfile::tempdir().expect("a temporary directory");
         match vllm::Engines::start(2, logs.path()).await {
             Ok(engines) => {
                 println!("vLLM engines up in {:.0?}", engines.started_in);
-                rows.extend(passes(&Engines::Vllm(&engines), &routers, &seeds).await);
+                rows.extend(over_runs(&Engines::Vllm(&engines), &routers, &seeds, runs).await);
             }
             Err(e) => {
                 println!("vLLM engines skipped: {e}");
@@ -141,8 +149,35 @@ fn named(name: &str, filter: &str) -> bool {
     }
 }
 
+/// Every router's passes in front of `engines`, `runs` times over, each run's table and, with
+/// more than one, the table over the runs.
+async fn over_runs(
+    engines: &Engines<'_>,
+    routers: &[Router],
+    seeds: &[u64],
+    runs: usize,
+) -> Vec<report::Row> {
+    let mut rows = Vec::new();
+    for run in 0..runs {
+        if runs > 1 {
+            println!("\nrun {} of {runs}, {} engines", run + 1, engines.name());
+        }
+        rows.extend(passes(engines, routers, seeds, run).await);
+    }
+    if runs > 1 {
+        println!("\n{} engines:", engines.name());
+        report::print_over_runs(&rows, runs);
+    }
+    rows
+}
+
 /// Every router's passes in front of `engines`, and its table.
-async fn passes(engines: &Engines<'_>, routers: &[Router], seeds: &[u64]) -> Vec<report::Row> {
+async fn passes(
+    engines: &Engines<'_>,
+    routers: &[Router],
+    seeds: &[u64],
+    run: usize,
+) -> Vec<report::Row> {
     let mut rows = Vec::new();
     for &router in routers {
         let name = format!("{}, {}", router.name(), engines.name());
@@ -157,7 +192,7 @@ async fn passes(engines: &Engines<'_>, routers: &[Router], seeds: &[u64]) -> Vec
             }
         }
         if !passes.is_empty() {
-            rows.push(report::Row::new(name, passes));
+            rows.push(report::Row::new(name, run, passes));
         }
     }
     println!("\n{} engines:", engines.name());

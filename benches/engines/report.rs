@@ -1,4 +1,5 @@
-//! The numbers of each pass, the table (medians over the seeds, min-max beside) and the JSON.
+//! The numbers of each pass, the table (medians over the seeds, min-max beside), the same over
+//! several runs (the median of each run's medians), prefixlb against the best peer, and the JSON.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -147,58 +148,138 @@ pub fn line(name: &str, seed: u64, pass: &Pass) -> String {
 
 pub struct Row {
     name: String,
+    /// Which run of the bench's `runs=N` the passes belong to, from 0.
+    run: usize,
     stats: Vec<Stats>,
 }
 
-impl Row {
-    pub fn new(name: String, passes: Vec<Pass>) -> Self {
-        let stats = passes.iter().map(Stats::of).collect();
-        Self { name, stats }
-    }
+/// The median of `v` (its upper middle when even), with its min and max.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
 
-    /// The median over the passes, with min-max when there is more than one.
-    fn cell(&self, f: impl Fn(&Stats) -> f64, decimals: usize) -> String {
-        self.cell_of(|s| Some(f(s)), decimals)
-    }
-
-    /// As [`Row::cell`], `—` when a pass has no such figure.
-    fn cell_of(&self, f: impl Fn(&Stats) -> Option<f64>, decimals: usize) -> String {
-        let Some(mut v) = self.stats.iter().map(f).collect::<Option<Vec<f64>>>() else {
-            return "—".to_owned();
-        };
-        v.sort_by(f64::total_cmp);
-        let median = v[v.len() / 2];
-        if v.len() == 1 {
-            format!("{median:.decimals$}")
-        } else {
-            format!(
-                "{median:.decimals$} ({:.decimals$}-{:.decimals$})",
-                v[0],
-                v[v.len() - 1]
-            )
-        }
+fn format_spread(v: Vec<f64>, decimals: usize) -> String {
+    let n = v.len();
+    let (median, min, max) = spread(v);
+    if n == 1 {
+        format!("{median:.decimals$}")
+    } else {
+        format!("{median:.decimals$} ({min:.decimals$}-{max:.decimals$})")
     }
 }
 
-pub fn print_table(rows: &[Row]) {
+impl Row {
+    pub fn new(name: String, run: usize, passes: Vec<Pass>) -> Self {
+        let stats = passes.iter().map(Stats::of).collect();
+        Self { name, run, stats }
+    }
+
+    /// The median over the passes, `None` when a pass has no such figure.
+    fn median(&self, f: impl Fn(&Stats) -> Option<f64>) -> Option<f64> {
+        let v = self.stats.iter().map(f).collect::<Option<Vec<f64>>>()?;
+        Some(spread(v).0)
+    }
+}
+
+/// The routers of `rows`, each once, in their order.
+fn names(rows: &[Row]) -> Vec<&str> {
+    let mut names = Vec::new();
+    for r in rows {
+        if !names.contains(&r.name.as_str()) {
+            names.push(r.name.as_str());
+        }
+    }
+    names
+}
+
+/// A figure of a pass, and its decimals in a table.
+type Figure = (fn(&Stats) -> Option<f64>, usize);
+
+const COLUMNS: [Figure; 10] = [
+    (|s| Some(s.ttft_p50_ms), 0),
+    (|s| Some(s.ttft_p99_ms), 0),
+    (|s| Some(s.e2e_p50_ms), 0),
+    (|s| Some(s.wall_s), 1),
+    (|s| Some(s.errors), 0),
+    (|s| Some(s.hit_ratio() * 100.0), 1),
+    (|s| Some(s.engine_cached_total), 0),
+    (|s| Some(s.cold_opens), 0),
+    (|s| Some(s.lost_histories), 0),
+    (|s| s.moved, 0),
+];
+
+/// Prints a table of `rows` whose cells are `cell(router's rows, figure)`: over one run, the
+/// median of the passes; over several, the median of each run's median.
+fn table(rows: &[Row], cell: impl Fn(&[&Row], Figure) -> String) {
     println!(
-        "\n| router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pass s | errors | cached / prompt tokens | engines' cached_total | cold opens | lost histories | turns moved |"
+        "\n| router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pass s | errors | cached / prompt tokens, % | engines' cached_total | cold opens | lost histories | turns moved |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for r in rows {
+    for name in names(rows) {
+        let of: Vec<&Row> = rows.iter().filter(|r| r.name == name).collect();
+        let cells: Vec<String> = COLUMNS.iter().map(|&c| cell(&of, c)).collect();
+        println!("| {name} | {} |", cells.join(" | "));
+    }
+}
+
+/// The table of one run: each router's medians over its passes, min-max beside.
+pub fn print_table(rows: &[Row]) {
+    table(rows, |of, (f, decimals)| {
+        match of[0].stats.iter().map(f).collect::<Option<Vec<f64>>>() {
+            Some(v) => format_spread(v, decimals),
+            None => "—".to_owned(),
+        }
+    });
+    verdict(rows);
+}
+
+/// The table over several runs (`rows` from every run, in order): each router's median of its
+/// runs' medians, the runs' min-max beside.
+pub fn print_over_runs(rows: &[Row], runs: usize) {
+    println!(
+        "\nmedians over {runs} runs (each run's median over its seeds; the runs' min-max beside):"
+    );
+    table(rows, |of, (f, decimals)| {
+        match of.iter().map(|r| r.median(f)).collect::<Option<Vec<f64>>>() {
+            Some(v) => format_spread(v, decimals),
+            None => "—".to_owned(),
+        }
+    });
+    verdict(rows);
+}
+
+/// prefixlb's rows against the best other router's figures (the routing issue's targets read
+/// TTFT p50 and p99 as ratios, the cached share in points), each router's figure the median
+/// of its runs' medians.
+fn verdict(rows: &[Row]) {
+    let figure = |name: &str, f: fn(&Stats) -> Option<f64>| {
+        let runs = rows
+            .iter()
+            .filter(|r| r.name == name)
+            .filter_map(|r| r.median(f));
+        spread(runs.collect()).0
+    };
+    let (ours, peers): (Vec<&str>, Vec<&str>) = names(rows)
+        .into_iter()
+        .partition(|n| n.starts_with("prefixlb"));
+    if peers.is_empty() {
+        return;
+    }
+    let best = |f: fn(&Stats) -> Option<f64>, pick: fn(f64, f64) -> f64| {
+        let mut figures = peers.iter().map(|&n| (figure(n, f), n));
+        let first = figures.next().expect("a peer");
+        figures.fold(first, |a, b| if pick(a.0, b.0) == a.0 { a } else { b })
+    };
+    let (p50, p50_by) = best(|s| Some(s.ttft_p50_ms), f64::min);
+    let (p99, p99_by) = best(|s| Some(s.ttft_p99_ms), f64::min);
+    let (hits, hits_by) = best(|s| Some(s.hit_ratio() * 100.0), f64::max);
+    for name in ours {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} % | {} | {} | {} | {} |",
-            r.name,
-            r.cell(|s| s.ttft_p50_ms, 0),
-            r.cell(|s| s.ttft_p99_ms, 0),
-            r.cell(|s| s.e2e_p50_ms, 0),
-            r.cell(|s| s.wall_s, 1),
-            r.cell(|s| s.errors, 0),
-            r.cell(|s| s.hit_ratio() * 100.0, 1),
-            r.cell(|s| s.engine_cached_total, 0),
-            r.cell(|s| s.cold_opens, 0),
-            r.cell(|s| s.lost_histories, 0),
-            r.cell_of(|s| s.moved, 0),
+            "{name}: TTFT p50 {:.2}x the best peer's ({p50_by}), p99 {:.2}x ({p99_by}), cached {:+.1} points ({hits_by})",
+            figure(name, |s| Some(s.ttft_p50_ms)) / p50,
+            figure(name, |s| Some(s.ttft_p99_ms)) / p99,
+            figure(name, |s| Some(s.hit_ratio() * 100.0)) - hits,
         );
     }
 }
@@ -209,6 +290,7 @@ pub fn write_json(rows: &[Row], seeds: &[u64], run_time: Duration) -> PathBuf {
         .map(|r| {
             json!({
                 "router": r.name,
+                "run": r.run,
                 "passes": r.stats.iter().map(Stats::json).collect::<Vec<_>>(),
             })
         })
