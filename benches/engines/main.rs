@@ -6,14 +6,14 @@
 //!
 //! `cargo bench --bench engines [-- SEED... ROUTER... llama|vllm runs=N]`: numbers are seeds
 //! (one pass per seed and router; medians with min-max when more than one), `llama` or `vllm`
-//! keeps those engines only, `runs=N` runs every router's seeds N times over (router after
-//! router, run after run) and adds a table of the medians of the runs' medians, anything else
+//! keeps those engines only, `runs=N` runs every router's seeds in turn, then again for each
+//! further run, and adds a table of the medians of the runs' medians, anything else
 //! keeps the routers whose name holds it (or is it, ending in `$`). Prints a table per engine
 //! and run, with prefixlb's rows against the best peer's figures, and writes `target/bench-results/engines.json` (or
 //! `$BENCH_OUT`). vLLM engines that cannot be installed or started are skipped with the
 //! reason, and the run exits non-zero. `BENCH_LLAMA_ARGS` adds arguments to every
 //! `llama-server` (`-sps 0`: see `docs/real-engines.md`). `BENCH_DEBUG_DIR` keeps prefixlb's
-//! standard error of each pass there, named by router, engines and seed; with
+//! standard error of each pass there, named by router, engines, seed (and run); with
 //! `PREFIXLB_TEST_LOG=info,prefixlb::routing::policy::least_cost=debug` it holds every
 //! decision's prices (`docs/operations.md`, the access log).
 //!
@@ -162,7 +162,12 @@ async fn over_runs(
         if runs > 1 {
             println!("\nrun {} of {runs}, {} engines", run + 1, engines.name());
         }
-        rows.extend(passes(engines, routers, seeds, run).await);
+        let tag = if runs > 1 {
+            format!(" run{}", run + 1)
+        } else {
+            String::new()
+        };
+        rows.extend(passes(engines, routers, seeds, run, &tag).await);
     }
     if runs > 1 {
         println!("\n{} engines:", engines.name());
@@ -177,13 +182,14 @@ async fn passes(
     routers: &[Router],
     seeds: &[u64],
     run: usize,
+    tag: &str,
 ) -> Vec<report::Row> {
     let mut rows = Vec::new();
     for &router in routers {
         let name = format!("{}, {}", router.name(), engines.name());
         let mut passes = Vec::new();
         for &seed in seeds {
-            match run::pass(engines, router, seed).await {
+            match run::pass(engines, router, seed, tag).await {
                 Ok(pass) => {
                     println!("{}", report::line(&name, seed, &pass));
                     passes.push(pass);

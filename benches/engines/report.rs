@@ -153,10 +153,17 @@ pub struct Row {
     stats: Vec<Stats>,
 }
 
-/// The median of `v` (its upper middle when even), with its min and max.
+/// The median of `v` (the mean of its two middle values when even), with its min and max;
+/// `v` is not empty.
 fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
+    let n = v.len();
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    (median, v[0], v[n - 1])
 }
 
 fn format_spread(v: Vec<f64>, decimals: usize) -> String {
@@ -179,6 +186,11 @@ impl Row {
     fn median(&self, f: impl Fn(&Stats) -> Option<f64>) -> Option<f64> {
         let v = self.stats.iter().map(f).collect::<Option<Vec<f64>>>()?;
         Some(spread(v).0)
+    }
+
+    /// Whether a turn of any pass failed: such a router's figures are of the turns it served.
+    fn failed(&self) -> bool {
+        self.stats.iter().any(|s| s.errors > 0.0)
     }
 }
 
@@ -240,6 +252,12 @@ pub fn print_over_runs(rows: &[Row], runs: usize) {
     println!(
         "\nmedians over {runs} runs (each run's median over its seeds; the runs' min-max beside):"
     );
+    for name in names(rows) {
+        let ran = rows.iter().filter(|r| r.name == name).count();
+        if ran < runs {
+            println!("{name}: {ran} runs of {runs} (skipped in the others)");
+        }
+    }
     table(rows, |of, (f, decimals)| {
         match of.iter().map(|r| r.median(f)).collect::<Option<Vec<f64>>>() {
             Some(v) => format_spread(v, decimals),
@@ -251,35 +269,41 @@ pub fn print_over_runs(rows: &[Row], runs: usize) {
 
 /// prefixlb's rows against the best other router's figures (the routing issue's targets read
 /// TTFT p50 and p99 as ratios, the cached share in points), each router's figure the median
-/// of its runs' medians.
+/// of its runs' medians. A peer that failed a turn is left out of "best", and said so.
 fn verdict(rows: &[Row]) {
-    let figure = |name: &str, f: fn(&Stats) -> Option<f64>| {
+    let figure = |name: &str, f: fn(&Stats) -> f64| {
         let runs = rows
             .iter()
             .filter(|r| r.name == name)
-            .filter_map(|r| r.median(f));
+            .filter_map(|r| r.median(|s| Some(f(s))));
         spread(runs.collect()).0
     };
     let (ours, peers): (Vec<&str>, Vec<&str>) = names(rows)
         .into_iter()
         .partition(|n| n.starts_with("prefixlb"));
+    let (failed, peers): (Vec<&str>, Vec<&str>) = peers
+        .into_iter()
+        .partition(|&n| rows.iter().any(|r| r.name == n && r.failed()));
+    for name in failed {
+        println!("{name}: failed turns, left out of the best peer's figures");
+    }
     if peers.is_empty() {
         return;
     }
-    let best = |f: fn(&Stats) -> Option<f64>, pick: fn(f64, f64) -> f64| {
+    let best = |f: fn(&Stats) -> f64, pick: fn(f64, f64) -> f64| {
         let mut figures = peers.iter().map(|&n| (figure(n, f), n));
         let first = figures.next().expect("a peer");
         figures.fold(first, |a, b| if pick(a.0, b.0) == a.0 { a } else { b })
     };
-    let (p50, p50_by) = best(|s| Some(s.ttft_p50_ms), f64::min);
-    let (p99, p99_by) = best(|s| Some(s.ttft_p99_ms), f64::min);
-    let (hits, hits_by) = best(|s| Some(s.hit_ratio() * 100.0), f64::max);
+    let (p50, p50_by) = best(|s| s.ttft_p50_ms, f64::min);
+    let (p99, p99_by) = best(|s| s.ttft_p99_ms, f64::min);
+    let (hits, hits_by) = best(|s| s.hit_ratio() * 100.0, f64::max);
     for name in ours {
         println!(
             "{name}: TTFT p50 {:.2}x the best peer's ({p50_by}), p99 {:.2}x ({p99_by}), cached {:+.1} points ({hits_by})",
-            figure(name, |s| Some(s.ttft_p50_ms)) / p50,
-            figure(name, |s| Some(s.ttft_p99_ms)) / p99,
-            figure(name, |s| Some(s.hit_ratio() * 100.0)) - hits,
+            figure(name, |s| s.ttft_p50_ms) / p50,
+            figure(name, |s| s.ttft_p99_ms) / p99,
+            figure(name, |s| s.hit_ratio() * 100.0) - hits,
         );
     }
 }

@@ -86,7 +86,13 @@ impl Engines<'_> {
     }
 }
 
-pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pass, String> {
+/// One pass of `router` on `seed`; `tag` ends the name of its kept log (the run, with several).
+pub async fn pass(
+    engines: &Engines<'_>,
+    router: Router,
+    seed: u64,
+    tag: &str,
+) -> Result<Pass, String> {
     let workload = Workload::new(seed);
     let logs = tempfile::tempdir().map_err(|e| e.to_string())?;
     // Nothing cached from the previous router.
@@ -121,7 +127,7 @@ pub async fn pass(engines: &Engines<'_>, router: Router, seed: u64) -> Result<Pa
     }
     let wall = start.elapsed();
     let peers = peers_of(&running.access_log());
-    running.keep_log(&format!("{} {} {seed}", router.name(), engines.name()));
+    running.keep_log(&format!("{} {} {seed}{tag}", router.name(), engines.name()));
     let learned = running
         .series("prefixlb_peer_prefill_tokens_per_second")
         .await;
