@@ -7,10 +7,10 @@
 //! `cargo bench --bench engines [-- SEED... ROUTER... llama|vllm runs=N]`: numbers are seeds
 //! (one pass per seed and router; medians with min-max when more than one), `llama` or `vllm`
 //! keeps those engines only, `runs=N` runs every router's seeds in turn, then again for each
-//! further run, and adds a table of the medians of the runs' medians, anything else
-//! keeps the routers whose name holds it (or is it, ending in `$`). Prints a table per engine
-//! and run, with prefixlb's rows against the best peer's figures, and writes `target/bench-results/engines.json` (or
-//! `$BENCH_OUT`). vLLM engines that cannot be installed or started are skipped with the
+//! further run, and adds a table of the medians of the runs' medians, anything else keeps the
+//! routers whose name holds it (or is it, ending in `$`). Prints a table per engine and run,
+//! with prefixlb's rows against the best peer's figures, and writes
+//! `target/bench-results/engines.json` (or `$BENCH_OUT`). vLLM engines that cannot be installed or started are skipped with the
 //! reason, and the run exits non-zero. `BENCH_LLAMA_ARGS` adds arguments to every
 //! `llama-server` (`-sps 0`: see `docs/real-engines.md`). `BENCH_DEBUG_DIR` keeps prefixlb's
 //! standard error of each pass there, named by router, engines, seed (and run); with
@@ -170,8 +170,7 @@ async fn over_runs(
         rows.extend(passes(engines, routers, seeds, run, &tag).await);
     }
     if runs > 1 {
-        println!("\n{} engines:", engines.name());
-        report::print_over_runs(&rows, runs);
+        report::print_over_runs(&rows, runs, engines.name());
     }
     rows
 }

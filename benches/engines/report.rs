@@ -248,9 +248,9 @@ pub fn print_table(rows: &[Row]) {
 
 /// The table over several runs (`rows` from every run, in order): each router's median of its
 /// runs' medians, the runs' min-max beside.
-pub fn print_over_runs(rows: &[Row], runs: usize) {
+pub fn print_over_runs(rows: &[Row], runs: usize, engines: &str) {
     println!(
-        "\nmedians over {runs} runs (each run's median over its seeds; the runs' min-max beside):"
+        "\n{engines} engines, medians over {runs} runs (each run's median over its seeds; the runs' min-max beside):"
     );
     for name in names(rows) {
         let ran = rows.iter().filter(|r| r.name == name).count();
