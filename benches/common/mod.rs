@@ -7,6 +7,7 @@
 mod support;
 
 pub mod peers;
+pub mod spread;
 pub mod tls;
 
 use std::net::SocketAddr;

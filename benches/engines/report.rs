@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::common::spread::Spread;
 use crate::common::{out_dir, percentile};
 use crate::run::{Counters, Pass, Turn};
 use crate::workload::TURNS;
@@ -153,26 +154,12 @@ pub struct Row {
     stats: Vec<Stats>,
 }
 
-/// The median of `v` (the mean of its two middle values when even), with its min and max;
-/// `v` is not empty.
-fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let median = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
-    (median, v[0], v[n - 1])
-}
-
-fn format_spread(v: Vec<f64>, decimals: usize) -> String {
-    let n = v.len();
-    let (median, min, max) = spread(v);
-    if n == 1 {
-        format!("{median:.decimals$}")
-    } else {
-        format!("{median:.decimals$} ({min:.decimals$}-{max:.decimals$})")
+/// `median (min-max)` of `v`, the value alone when there is one, `—` when a figure is missing.
+fn cell(v: Option<Vec<f64>>, decimals: usize) -> String {
+    match v {
+        None => "—".to_owned(),
+        Some(v) if v.len() == 1 => format!("{:.decimals$}", v[0]),
+        Some(v) => Spread::of(v).show(decimals),
     }
 }
 
@@ -185,7 +172,7 @@ impl Row {
     /// The median over the passes, `None` when a pass has no such figure.
     fn median(&self, f: impl Fn(&Stats) -> Option<f64>) -> Option<f64> {
         let v = self.stats.iter().map(f).collect::<Option<Vec<f64>>>()?;
-        Some(spread(v).0)
+        Some(Spread::of(v).median)
     }
 
     /// Whether a turn of any pass failed: such a router's figures are of the turns it served.
@@ -221,28 +208,25 @@ const COLUMNS: [Figure; 10] = [
     (|s| s.moved, 0),
 ];
 
-/// Prints a table of `rows` whose cells are `cell(router's rows, figure)`: over one run, the
-/// median of the passes; over several, the median of each run's median.
-fn table(rows: &[Row], cell: impl Fn(&[&Row], Figure) -> String) {
+/// Prints a table of `rows`, one line a router: from one run, its median over the passes with
+/// their min-max; from several, the median of its runs' medians with theirs. Then prefixlb's
+/// rows against the best peer's.
+pub fn print_table(rows: &[Row]) {
     println!(
         "\n| router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pass s | errors | cached / prompt tokens, % | engines' cached_total | cold opens | lost histories | turns moved |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for name in names(rows) {
         let of: Vec<&Row> = rows.iter().filter(|r| r.name == name).collect();
-        let cells: Vec<String> = COLUMNS.iter().map(|&c| cell(&of, c)).collect();
+        let cells: Vec<String> = COLUMNS
+            .iter()
+            .map(|&(f, decimals)| match of.as_slice() {
+                [one] => cell(one.stats.iter().map(f).collect(), decimals),
+                runs => cell(runs.iter().map(|r| r.median(f)).collect(), decimals),
+            })
+            .collect();
         println!("| {name} | {} |", cells.join(" | "));
     }
-}
-
-/// The table of one run: each router's medians over its passes, min-max beside.
-pub fn print_table(rows: &[Row]) {
-    table(rows, |of, (f, decimals)| {
-        match of[0].stats.iter().map(f).collect::<Option<Vec<f64>>>() {
-            Some(v) => format_spread(v, decimals),
-            None => "—".to_owned(),
-        }
-    });
     verdict(rows);
 }
 
@@ -258,13 +242,7 @@ pub fn print_over_runs(rows: &[Row], runs: usize, engines: &str) {
             println!("{name}: {ran} runs of {runs} (skipped in the others)");
         }
     }
-    table(rows, |of, (f, decimals)| {
-        match of.iter().map(|r| r.median(f)).collect::<Option<Vec<f64>>>() {
-            Some(v) => format_spread(v, decimals),
-            None => "—".to_owned(),
-        }
-    });
-    verdict(rows);
+    print_table(rows);
 }
 
 /// prefixlb's rows against the best other router's figures (the routing issue's targets read
@@ -276,7 +254,7 @@ fn verdict(rows: &[Row]) {
             .iter()
             .filter(|r| r.name == name)
             .filter_map(|r| r.median(|s| Some(f(s))));
-        spread(runs.collect()).0
+        Spread::of(runs.collect()).median
     };
     let (ours, peers): (Vec<&str>, Vec<&str>) = names(rows)
         .into_iter()

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use axum::routing::{get, post};
 use common::peers::*;
+use common::spread::Spread;
 use common::tls::make_certs;
 use common::*;
 use load::{chat_requests, closed_loop, Load, Run, Transport};
@@ -318,11 +319,5 @@ fn serve_upstream(addr: SocketAddr) {
 }
 
 fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 0 => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        n => v[n / 2],
-    }
+    Spread::of(v.to_vec()).median
 }
