@@ -208,10 +208,15 @@ const COLUMNS: [Figure; 10] = [
     (|s| s.moved, 0),
 ];
 
-/// Prints a table of `rows`, one line a router: from one run, its median over the passes with
-/// their min-max; from several, the median of its runs' medians with theirs. Then prefixlb's
-/// rows against the best peer's.
+/// Prints a table of one run's `rows`, one line a router: its median over the passes with
+/// their min-max. Then prefixlb's rows against the best peer's.
 pub fn print_table(rows: &[Row]) {
+    table(rows, false);
+}
+
+/// The table of `rows` from one run, or (`over_runs`) from several: each router's median of
+/// its runs' medians with theirs, one run's median alone for a router that ran once.
+fn table(rows: &[Row], over_runs: bool) {
     println!(
         "\n| router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pass s | errors | cached / prompt tokens, % | engines' cached_total | cold opens | lost histories | turns moved |"
     );
@@ -221,7 +226,7 @@ pub fn print_table(rows: &[Row]) {
         let cells: Vec<String> = COLUMNS
             .iter()
             .map(|&(f, decimals)| match of.as_slice() {
-                [one] => cell(one.stats.iter().map(f).collect(), decimals),
+                [one] if !over_runs => cell(one.stats.iter().map(f).collect(), decimals),
                 runs => cell(runs.iter().map(|r| r.median(f)).collect(), decimals),
             })
             .collect();
@@ -242,7 +247,7 @@ pub fn print_over_runs(rows: &[Row], runs: usize, engines: &str) {
             println!("{name}: {ran} runs of {runs} (skipped in the others)");
         }
     }
-    print_table(rows);
+    table(rows, true);
 }
 
 /// prefixlb's rows against the best other router's figures (the routing issue's targets read
