@@ -32,6 +32,18 @@ fn upstream_of(r: &reqwest::Response) -> String {
     r.headers()["x-upstream"].to_str().unwrap().to_owned()
 }
 
+/// `r` if it answered 200; otherwise a failure that shows what came back instead.
+async fn ok(r: reqwest::Response, what: &str) -> reqwest::Response {
+    if r.status() != 200 {
+        let (status, headers) = (r.status(), format!("{:?}", r.headers()));
+        panic!(
+            "{what}: {status} {headers} {}",
+            r.text().await.unwrap_or_default()
+        );
+    }
+    r
+}
+
 /// A response's id: the JSON body's `id`, or a stream's first `response.id`.
 async fn response_id(r: reqwest::Response) -> String {
     let text = r.text().await.unwrap();
@@ -85,7 +97,7 @@ async fn responses_follow_ups_reach_the_engine_that_made_the_response() {
             create(&format!("conversation {conv}"), None, stream),
         )
         .await;
-        assert_eq!(r.status(), 200);
+        let r = ok(r, &format!("conversation {conv} opening")).await;
         let home = upstream_of(&r);
         homes.insert(home.clone());
         let mut id = response_id(r).await;
