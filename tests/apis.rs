@@ -104,7 +104,7 @@ async fn responses_follow_ups_reach_the_engine_that_made_the_response() {
         for turn in 1..=4 {
             let input = format!("conversation {conv}, turn {turn}");
             let r = post(&c, proxy.url(RESPONSES), create(&input, Some(&id), stream)).await;
-            assert_eq!(r.status(), 200, "conversation {conv} turn {turn} lost {id}");
+            let r = ok(r, &format!("conversation {conv} turn {turn} lost {id}")).await;
             assert_eq!(upstream_of(&r), home, "conversation {conv} turn {turn}");
             id = response_id(r).await;
             assert!(id.starts_with(&format!("resp_{home}_")), "{id}");

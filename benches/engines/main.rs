@@ -11,8 +11,9 @@
 //! routers whose name holds it (or is it, ending in `$`). Prints a table per engine and run,
 //! with prefixlb's rows against the best peer's figures, and writes
 //! `target/bench-results/engines.json` (or `$BENCH_OUT`). vLLM engines that cannot be
-//! installed or started are skipped with the reason, and the run exits non-zero. `BENCH_LLAMA_ARGS` adds arguments to every
-//! `llama-server` (`-sps 0`: see `docs/real-engines.md`). `BENCH_DEBUG_DIR` keeps prefixlb's
+//! installed or started are skipped with the reason, and the run exits non-zero.
+//! `BENCH_LLAMA_ARGS` adds arguments to every `llama-server` (`-sps 0`: see
+//! `docs/real-engines.md`). `BENCH_DEBUG_DIR` keeps prefixlb's
 //! standard error of each pass there, named by router, engines, seed (and run); with
 //! `PREFIXLB_TEST_LOG=info,prefixlb::routing::policy::least_cost=debug` it holds every
 //! decision's prices (`docs/operations.md`, the access log).
