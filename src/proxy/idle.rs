@@ -3,15 +3,17 @@
 //! Pingora builds a connection's next request (its proxy future, about 17 KB, and a 4 KiB head
 //! buffer) as soon as the previous one ends, and keeps them for as long as the client stays
 //! silent: most of what an idle keep-alive connection holds (`cargo bench --bench memory`).
-//! Here the connection's own loop waits for the request's first byte with nothing but the
-//! socket, and only then hands Pingora a session, that byte as the start of its head.
-//! The byte is read through the connection's stream, so over TLS it is the first byte rustls
-//! decrypts (a request it already holds, the socket no longer shows, is read at once).
+//! Here the connection's own loop waits for the request with nothing but the socket, and only
+//! then reads what has come and hands Pingora a session, those bytes as the start of its head.
+//! They are read through the connection's stream, so over TLS they are what rustls decrypts (a
+//! request it already holds, the socket no longer shows, is read at once).
 //! HTTP/2 connections (h2c, or TLS with `h2` agreed) take Pingora's own loop: one such
 //! connection is one session for all its streams.
 
 use std::fmt::{self, Write as _};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,7 +22,7 @@ use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, ReadBuf};
 
 /// Pingora's own limits, kept: a new connection's first request must begin within its read
 /// timeout, a reused one's within its keep-alive timeout; both are 60 s.
@@ -63,7 +65,7 @@ where
             let first = if carried.as_ref().is_some_and(holds_pipelined_bytes) {
                 None
             } else {
-                Some(first_byte(&mut stream).await?)
+                Some(first_bytes(&mut stream).await?)
             };
             let mut session = ServerSession::new_http1(stream);
             match carried {
@@ -79,9 +81,7 @@ where
                     );
                 }
             }
-            if let Some(byte) = first {
-                let mut head = BytesMut::with_capacity(HEAD_BUFFER);
-                head.extend_from_slice(&[byte]);
+            if let Some(head) = first {
                 session.set_pipelined_prefix(head);
             }
             let reused = self.app.process_new_http(session, shutdown).await?;
@@ -94,14 +94,26 @@ where
     }
 }
 
-/// The request's first byte, read once the client sends it; `None` when it closes or stays
-/// silent past the limit.
-async fn first_byte(stream: &mut Stream) -> Option<u8> {
-    let mut byte = [0u8; 1];
-    match tokio::time::timeout(IDLE_LIMIT, stream.read(&mut byte)).await {
-        Ok(Ok(1)) => Some(byte[0]),
-        _ => None,
-    }
+/// The start of the next request, as much as one read gets (up to a head buffer's worth) once
+/// the client sends it; `None` when it closes or stays silent past the limit. The buffer is
+/// made at each poll and kept only when the read put bytes in it, so a silent connection holds
+/// none, and a request takes no more reads than in Pingora's own loop, which would read its
+/// head into such a buffer.
+async fn first_bytes(stream: &mut Stream) -> Option<BytesMut> {
+    let read = std::future::poll_fn(|cx| {
+        let mut head = BytesMut::zeroed(HEAD_BUFFER);
+        let mut buf = ReadBuf::new(&mut head);
+        match Pin::new(&mut *stream).poll_read(cx, &mut buf) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => {
+                let n = buf.filled().len();
+                head.truncate(n);
+                Poll::Ready((n > 0).then_some(head))
+            }
+            Poll::Ready(Err(_)) => Poll::Ready(None),
+        }
+    });
+    tokio::time::timeout(IDLE_LIMIT, read).await.ok().flatten()
 }
 
 /// Whether Pingora carries bytes of the next request over to it. Its settings do not say so
