@@ -1,5 +1,5 @@
 //! HTTP/1 details and headers: request ids and forwarding headers, paths that are not
-//! forwarded, requests that need no slot, HTTP/1.0 clients and pipelining.
+//! forwarded, requests that need no slot, HTTP/1.0 clients, pipelining, and heads read in parts.
 
 use std::time::Duration;
 
@@ -198,5 +198,56 @@ async fn pipelined_requests_are_answered_in_order() {
     let got = raw_exchange(&proxy, requests.as_bytes()).await;
     assert_answered_in_order(&got, &bodies);
     release.await.unwrap();
+    proxy.assert_idle().await;
+}
+
+/// A kept-alive connection's next request is read from what has come when it wakes: a head
+/// that comes in pieces, and one longer than that first read takes (4 KiB), are read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_pieces_or_past_the_first_read_is_read_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = start_upstream("a").await;
+    let proxy = start_proxy(&TestConfig::new().peers(&[&up]).no_health_check()).await;
+    let bodies: Vec<String> = (0..3)
+        .map(|i| chat("s", &format!("read whole {i}"), 1, false))
+        .collect();
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let mut got = String::new();
+    for (i, body) in bodies.iter().enumerate() {
+        let extra = match i {
+            1 => format!("x-padding: {}\r\n", "p".repeat(6000)),
+            2 => "Connection: close\r\n".to_owned(),
+            _ => String::new(),
+        };
+        let request = format!(
+            "POST {CHAT} HTTP/1.1\r\nHost: x\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        // The long head at once; the others a few bytes first, the rest a moment later.
+        let pieces = match i {
+            1 => request.as_bytes().split_at(request.len()),
+            _ => request.as_bytes().split_at(5),
+        };
+        s.write_all(pieces.0).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        s.write_all(pieces.1).await.unwrap();
+        if i == bodies.len() - 1 {
+            got.push_str(&read_to_close(&mut s).await);
+            break;
+        }
+        // This answer (the mock's digest of the body) before the next request goes.
+        let digest = sha256_hex(body.as_bytes());
+        let mut buf = [0u8; 8192];
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !got.contains(&digest) {
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed before answering request {i}: {got}");
+                got.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no answer to request {i}: {got}"));
+    }
+    assert_answered_in_order(&got, &bodies);
     proxy.assert_idle().await;
 }
