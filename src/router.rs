@@ -182,7 +182,7 @@ impl Router {
             .collect();
         self.cluster.store(Arc::new(next));
         // New peers are capacity the waiting line may take.
-        self.load.waiters().wake_front();
+        self.load.waiters().wake_fronts();
         Some(MembershipChange {
             peers: specs.len(),
             removed,

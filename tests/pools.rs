@@ -121,3 +121,62 @@ async fn requests_go_to_a_peer_that_serves_their_model() {
     assert!(metrics.contains("prefixlb_pool_peers{model=\"base-b\"} 1"));
     proxy.assert_idle().await;
 }
+
+/// A model whose peers are all busy holds up no other model: a request for another model is
+/// neither queued behind its waiters nor refused because they fill the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_model_holds_up_no_other_model() {
+    let [a, b] = upstreams::<2>().await;
+    let proxy = start_proxy(
+        &TestConfig::new()
+            .peer(PeerEntry::at(a.addr).models(&["model-a"]).max_in_flight(1))
+            .peer(PeerEntry::at(b.addr).models(&["model-b"]))
+            .max_waiting(1)
+            .queue_timeout_ms(3_000)
+            .no_health_check(),
+    )
+    .await;
+    let send = |model: &'static str, conversation: &'static str| {
+        let url = proxy.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let answer = client()
+                .post(url)
+                .body(chat_for(model, conversation, false))
+                .send()
+                .await
+                .unwrap();
+            (answer.status(), start.elapsed())
+        })
+    };
+    // model-a's only slot, held for two seconds by a slow stream; a second request for
+    // model-a fills the line.
+    let holder = client()
+        .post(proxy.url("/v1/chat/completions"))
+        .header("x-mock-events", "40")
+        .header("x-mock-interval-ms", "50")
+        .body(chat_for("model-a", "holder", false))
+        .send()
+        .await
+        .unwrap();
+    let waiter = send("model-a", "waiter");
+    let start = Instant::now();
+    while proxy.peers().await["waiting"] != 1 {
+        assert!(start.elapsed() < Duration::from_secs(2), "never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for i in 0..3 {
+        let (status, took) = send("model-b", ["b0", "b1", "b2"][i]).await.unwrap();
+        assert_eq!(status, 200, "model-b refused behind model-a's line");
+        assert!(
+            took < Duration::from_millis(1_000),
+            "model-b waited behind model-a: {took:?}"
+        );
+    }
+    assert!(!waiter.is_finished(), "model-a's waiter passed a held slot");
+    let _ = holder.bytes().await.unwrap();
+    let (status, took) = waiter.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(took >= Duration::from_millis(500), "{took:?}");
+    proxy.assert_idle().await;
+}

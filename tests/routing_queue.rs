@@ -30,6 +30,7 @@ fn spawn_waiter(
         cluster
             .load()
             .waiters()
+            .line(None)
             .admit(LIMIT, lane, || select(&cluster))
             .await
             .map(drop)
@@ -48,6 +49,7 @@ async fn waiters_are_served_in_arrival_order_on_release() {
     let (first, _) = cluster
         .load()
         .waiters()
+        .line(None)
         .admit(LIMIT, 0, || select(&cluster))
         .await
         .unwrap();
@@ -59,6 +61,7 @@ async fn waiters_are_served_in_arrival_order_on_release() {
             let (routed, waited) = cluster
                 .load()
                 .waiters()
+                .line(None)
                 .admit(LIMIT, 0, || select(&cluster))
                 .await
                 .unwrap();
@@ -92,6 +95,7 @@ async fn a_lanes_burst_does_not_queue_ahead_of_another_lane() {
     let (first, _) = cluster
         .load()
         .waiters()
+        .line(None)
         .admit(LIMIT, 0, || select(&cluster))
         .await
         .unwrap();
@@ -111,6 +115,7 @@ async fn a_lanes_burst_does_not_queue_ahead_of_another_lane() {
             let (routed, _) = cluster
                 .load()
                 .waiters()
+                .line(None)
                 .admit(LIMIT, lane, || select(&cluster))
                 .await
                 .unwrap();
@@ -139,6 +144,7 @@ async fn a_lane_leaves_a_quarter_of_the_line_to_the_others() {
     let (_held, _) = cluster
         .load()
         .waiters()
+        .line(None)
         .admit(LIMIT, 0, || select(&cluster))
         .await
         .unwrap();
@@ -152,6 +158,7 @@ async fn a_lane_leaves_a_quarter_of_the_line_to_the_others() {
     let refused = cluster
         .load()
         .waiters()
+        .line(None)
         .admit(LIMIT, 1, || select(&cluster))
         .await;
     assert_eq!(refused.map(drop), Err(Rejection::QueueFull));
@@ -175,6 +182,7 @@ async fn a_full_queue_or_zero_length_rejects_at_once() {
     let r = cluster
         .load()
         .waiters()
+        .line(None)
         .admit(none, 0, || select(&cluster))
         .await;
     assert_eq!(r.err(), Some(Rejection::QueueFull));
@@ -187,6 +195,7 @@ async fn a_full_queue_or_zero_length_rejects_at_once() {
     let waiter = tokio::spawn(async move {
         c2.load()
             .waiters()
+            .line(None)
             .admit(one, 0, || select(&c2))
             .await
             .map(|_| ())
@@ -195,6 +204,7 @@ async fn a_full_queue_or_zero_length_rejects_at_once() {
     let r = cluster
         .load()
         .waiters()
+        .line(None)
         .admit(one, 0, || select(&cluster))
         .await;
     assert_eq!(r.err(), Some(Rejection::QueueFull));
@@ -213,6 +223,7 @@ async fn a_waiter_times_out_and_leaves_the_line() {
     let r = cluster
         .load()
         .waiters()
+        .line(None)
         .admit(short, 0, || select(&cluster))
         .await;
     assert_eq!(r.err(), Some(Rejection::Timeout));
@@ -228,6 +239,7 @@ async fn a_cancelled_front_waiter_passes_its_turn_on() {
     let front = tokio::spawn(async move {
         c1.load()
             .waiters()
+            .line(None)
             .admit(LIMIT, 0, || select(&c1))
             .await
             .map(|_| ())
@@ -238,6 +250,7 @@ async fn a_cancelled_front_waiter_passes_its_turn_on() {
         let (r, _) = c2
             .load()
             .waiters()
+            .line(None)
             .admit(LIMIT, 0, || select(&c2))
             .await
             .unwrap();
@@ -258,6 +271,7 @@ async fn no_peer_is_not_worth_waiting_for() {
     let r = cluster
         .load()
         .waiters()
+        .line(None)
         .admit(LIMIT, 0, || select(&cluster))
         .await;
     assert_eq!(r.err(), Some(Rejection::NoPeer));
@@ -279,6 +293,7 @@ async fn a_peer_coming_back_wakes_the_line() {
         let (r, _) = c
             .load()
             .waiters()
+            .line(None)
             .admit(LIMIT, 0, || select(&c))
             .await
             .unwrap();
@@ -287,4 +302,72 @@ async fn a_peer_coming_back_wakes_the_line() {
     settle().await;
     bigger.set_healthy("10.0.0.2:8000", true);
     assert_eq!(waiter.await.unwrap(), "10.0.0.2:8000");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_pool_holds_up_no_other_pool() {
+    let specs = [
+        PeerSpec::new("10.0.0.1:8000".parse().unwrap())
+            .max_in_flight(1)
+            .models(["a"]),
+        PeerSpec::new("10.0.0.2:8000".parse().unwrap())
+            .max_in_flight(1)
+            .models(["b"]),
+    ];
+    let cluster = Arc::new(Cluster::new(&specs, RingConfig::default()));
+    let pool = |name| match cluster.pools().choose(Some(name), None) {
+        PoolChoice::Model(id) => Some(id),
+        other => panic!("{name}: {other:?}"),
+    };
+    let (a, b) = (pool("a"), pool("b"));
+    let select_for = |cluster: &Cluster, model| {
+        let demand = Demand {
+            hash: Some(7),
+            model,
+            ..Demand::default()
+        };
+        cluster.select(&Balance::default(), demand, &[])
+    };
+    let one = QueueLimit {
+        max_waiting: 1,
+        ..LIMIT
+    };
+    let admit = |model| {
+        let cluster = Arc::clone(&cluster);
+        tokio::spawn(async move {
+            let line = cluster.load().waiters().line(model);
+            line.admit(one, 0, || select_for(&cluster, model))
+                .await
+                .map(|(routed, waited)| (routed.slot.peer().id().to_owned(), routed, waited))
+        })
+    };
+    // Pool a's only slot is held and its line is full.
+    let held_a = select_for(&cluster, a).routed().unwrap();
+    let waiting_a = admit(a);
+    settle().await;
+    assert_eq!(cluster.load().waiters().len(), 1);
+
+    // A request for b goes straight to b: nobody in its line.
+    let (peer, held_b, waited) = admit(b).await.unwrap().unwrap();
+    assert_eq!((peer.as_str(), waited), ("10.0.0.2:8000", Duration::ZERO));
+
+    // b full too: the next request for b waits in b's line, behind nobody of a's.
+    let waiting_b = admit(b);
+    settle().await;
+    assert_eq!(cluster.load().waiters().len(), 2);
+    // A slot freed in b serves b's waiter, though a's has waited longer.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    drop(held_b);
+    let (peer, routed_b, waited) = waiting_b.await.unwrap().unwrap();
+    assert_eq!(peer, "10.0.0.2:8000");
+    assert_eq!(waited, Duration::from_millis(5));
+    assert!(!waiting_a.is_finished(), "a's waiter took b's slot");
+    assert_eq!(cluster.load().waiters().len(), 1);
+
+    drop(held_a);
+    let (peer, routed_a, _) = waiting_a.await.unwrap().unwrap();
+    assert_eq!(peer, "10.0.0.1:8000");
+    assert!(cluster.load().waiters().is_empty());
+    drop((routed_a, routed_b));
+    assert_eq!(cluster.in_flight(), 0);
 }

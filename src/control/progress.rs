@@ -45,7 +45,7 @@ impl ProgressWatch {
             }
         }
         if recovered {
-            self.router.load().waiters().wake_front();
+            self.router.load().waiters().wake_fronts();
         }
     }
 }

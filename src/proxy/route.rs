@@ -118,13 +118,15 @@ impl PrefixLb {
         let demand = *ctx.demand;
         // Each tenant waits in a lane of its own; without keys, everyone shares one.
         let lane = ctx.client.as_ref().map_or(0, |t| Arc::as_ptr(t) as u64);
-        router
-            .load()
-            .waiters()
-            .admit(self.settings.queue, lane, move || {
+        // A line per pool: a request waits only behind those that want the same peers.
+        let line = router.load().waiters().line(demand.model);
+        async move {
+            line.admit(self.settings.queue, lane, move || {
                 self.shared
                     .choose_in_turn(|| router.cluster().select(&router.balance, demand, excluded))
             })
+            .await
+        }
     }
 
     /// Waits in line for a slot, or for the rejection that ends the wait.

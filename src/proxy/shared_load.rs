@@ -244,7 +244,7 @@ impl SharedLoad {
         table.insert(std::process::id(), self.own());
         locked.write(&table);
         // Another process's releases are capacity this one's waiters may take.
-        self.router.load().waiters().wake_front();
+        self.router.load().waiters().wake_fronts();
     }
 
     /// Leaves the file: the process is about to exit.

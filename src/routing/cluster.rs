@@ -210,7 +210,7 @@ impl Cluster {
         f(peer);
         self.refresh();
         // A peer back up or undrained is capacity a waiter may take.
-        self.load.waiters().wake_front();
+        self.load.waiters().wake_fronts();
         true
     }
 
@@ -221,7 +221,7 @@ impl Cluster {
             peer.set_healthy(healthy(backend));
         }
         self.refresh();
-        self.load.waiters().wake_front();
+        self.load.waiters().wake_fronts();
     }
 
     /// Recomputes the eligible weight and wakes the waiting line when it grew: an ejection that
@@ -230,7 +230,7 @@ impl Cluster {
         let before = self.eligible_weight();
         self.refresh();
         if self.eligible_weight() > before {
-            self.load.waiters().wake_front();
+            self.load.waiters().wake_fronts();
         }
     }
 

@@ -3,7 +3,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use super::queue::WaitQueue;
+use super::pool::ModelId;
+use super::queue::WaitLines;
 
 /// Load shared by every peer of a router, across ring rebuilds.
 #[derive(Debug, Default)]
@@ -15,7 +16,8 @@ pub struct ClusterLoad {
     /// take turns with this process's; an engine's lag a scrape behind, and would let one
     /// process's waiters take every slot the other's requests give back.
     siblings: AtomicBool,
-    waiters: WaitQueue,
+    /// The waiting lines, one per pool: the model asked for (`None`: any peer).
+    waiters: WaitLines<Option<ModelId>>,
     /// The prefill rate the peers have shown, as `f64` bits (0: none yet): what a peer that
     /// has not shown its own is priced at. Peers behind one balancer are mostly alike, and a
     /// peer priced at the configured guess beside siblings priced at their true rate would win
@@ -60,8 +62,8 @@ impl ClusterLoad {
         self.siblings.store(present, Ordering::Relaxed);
     }
 
-    /// Requests waiting for a slot; every release wakes the first of them.
-    pub fn waiters(&self) -> &WaitQueue {
+    /// Requests waiting for a slot, a line per pool; every release wakes the first of each.
+    pub fn waiters(&self) -> &WaitLines<Option<ModelId>> {
         &self.waiters
     }
 
@@ -70,10 +72,10 @@ impl ClusterLoad {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A slot was given back: the first waiter may take it.
+    /// A slot was given back: the first waiter of a line may take it.
     pub(crate) fn released(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.waiters.wake_front();
+        self.waiters.wake_fronts();
     }
 }
 
@@ -116,7 +118,7 @@ impl Others {
         total.fetch_sub(u64::from(before), Ordering::Relaxed);
         // Room that others' load gave back is capacity nobody else announces.
         if external < before {
-            cluster.waiters.wake_front();
+            cluster.waiters.wake_fronts();
         }
     }
 }

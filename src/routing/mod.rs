@@ -51,10 +51,10 @@
 //! ```
 
 //! The modules, bottom up (each uses only those above it): `clock`, `tuning` (the cost model's figures),
-//! `queue` (the waiting line), `outlier`, `progress` (whether a peer's engine still sends), `spec` (a peer as configured), `usage` (what an
+//! `pool` (peers by model), `queue` (the waiting lines, one per pool), `outlier`, `progress` (whether a peer's engine still sends), `spec` (a peer as configured), `usage` (what an
 //! answer says the engine had cached), `prefill` (the rate learned from first bytes), `engine`
 //! (what a peer's engine reports and shows), `load` (the counts behind every ceiling), `cost`,
-//! `pool` (peers by model), `peer` (the live peer), `slot` (one request on it), `hash`, `blocks` (a prompt's chain of block
+//! `peer` (the live peer), `slot` (one request on it), `hash`, `blocks` (a prompt's chain of block
 //! names), `ring`, `record` (where prompt blocks went: its table, then what it answers),
 //! `policy` (what is asked and what a choice gave, the view of the cluster a policy reads, one
 //! file per policy), `cluster` (membership, eligibility, and the call into the policy),
@@ -101,7 +101,7 @@ pub use pool::{ModelId, PoolChoice};
 /// The model a prompt-carrying body asks for, wherever `model` comes in it (after `messages`
 /// too); `None` when it has none or is cut before it.
 pub use prompt::model as model_in;
-pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitQueue};
+pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitLines, WaitQueue};
 pub use record::{Holdings, PrefixRecord, RecordStats};
 pub use responses::{previous_in, IdReader, ResponseHomes};
 pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};

@@ -9,12 +9,16 @@
 //! ahead of it. Every release wakes the front; a front that gets its slot leaves
 //! and wakes the next one, so a burst of releases drains as many waiters as it can serve. A
 //! newcomer goes straight to a peer only while nobody waits.
+//!
+//! Requests wait in one line per pool ([`WaitLines`]): a request waits only behind those that
+//! want the same peers, so a model whose peers are all busy holds up no other model.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -211,6 +215,78 @@ impl WaitQueue {
                 return Err(Rejection::Timeout);
             }
         }
+    }
+}
+
+/// The waiting lines, one per key (a pool of peers: the model a request asks for), made as
+/// requests of each first wait. Keys come from what peers serve, so lines are few and are
+/// never removed.
+#[derive(Debug)]
+pub struct WaitLines<K> {
+    lines: ArcSwap<Vec<(K, Arc<WaitQueue>)>>,
+    /// One line made at a time, so that two requests of a new pool do not make two.
+    adding: Mutex<()>,
+}
+
+impl<K> Default for WaitLines<K> {
+    fn default() -> Self {
+        Self {
+            lines: ArcSwap::default(),
+            adding: Mutex::default(),
+        }
+    }
+}
+
+impl<K: Copy + Eq> WaitLines<K> {
+    /// The line of `key`'s requests.
+    pub fn line(&self, key: K) -> Arc<WaitQueue> {
+        let find = |lines: &[(K, Arc<WaitQueue>)]| {
+            lines
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, line)| Arc::clone(line))
+        };
+        if let Some(line) = find(&self.lines.load()) {
+            return line;
+        }
+        let _one_at_a_time = self.adding.lock().unwrap_or_else(|p| p.into_inner());
+        let lines = self.lines.load_full();
+        if let Some(line) = find(&lines) {
+            return line;
+        }
+        let line = Arc::new(WaitQueue::default());
+        let mut next = Vec::with_capacity(lines.len() + 1);
+        next.extend(lines.iter().cloned());
+        next.push((key, Arc::clone(&line)));
+        self.lines.store(Arc::new(next));
+        line
+    }
+
+    /// Requests waiting now, in every line.
+    pub fn len(&self) -> usize {
+        self.lines.load().iter().map(|(_, line)| line.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Tells the front waiter of every line that capacity may have appeared: a freed slot
+    /// may serve several pools (a peer that lists no model serves every one), and a front
+    /// that cannot use it waits on.
+    pub fn wake_fronts(&self) {
+        for (_, line) in self.lines.load().iter() {
+            line.wake_front();
+        }
+    }
+
+    /// How long the longest-waiting front has waited, if anyone waits.
+    pub fn front_waited(&self) -> Option<Duration> {
+        self.lines
+            .load()
+            .iter()
+            .filter_map(|(_, line)| line.front_waited())
+            .max()
     }
 }
 
