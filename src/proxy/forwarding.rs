@@ -127,15 +127,25 @@ const LIGHT_PATHS: &[&str] = &[
 ];
 
 /// Whether `path` is `pattern`, or lies below a `pattern` ending in `/*`. Below a star, no `.`
-/// or `..` segment: a proxy between here and the engine that resolved them would reach a path
-/// the list does not name.
+/// or `..` segment, written plainly or percent-encoded, and no encoded slash: a proxy between
+/// here and the engine that decoded and resolved them would reach a path the list does not
+/// name.
 fn matches(pattern: &str, path: &str) -> bool {
     match pattern.strip_suffix("/*") {
-        Some(prefix) => path.strip_prefix(prefix).is_some_and(|rest| {
-            rest.starts_with('/') && rest.split('/').all(|s| s != "." && s != "..")
-        }),
+        Some(prefix) => path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/') && rest.split('/').all(plain_segment)),
         None => pattern == path,
     }
+}
+
+/// A path segment that names itself, decoded once as a proxy on the way may decode it.
+fn plain_segment(segment: &str) -> bool {
+    if !segment.contains('%') {
+        return segment != "." && segment != "..";
+    }
+    let decoded = percent_encoding::percent_decode_str(segment).collect::<Vec<u8>>();
+    decoded != b"." && decoded != b".." && !decoded.iter().any(|&b| b == b'/' || b == b'\\')
 }
 
 /// An id that is safe to pass on and to write into a log line as it is.
@@ -214,6 +224,15 @@ mod tests {
         assert!(!f.allows("/start_profile"));
         assert!(!f.allows("/v1/models/../../start_profile"));
         assert!(!f.allows("/v1/models/./x"));
+        // Encoded, for a proxy on the way that decodes before it resolves.
+        assert!(!f.allows("/v1/models/%2e%2e/start_profile"));
+        assert!(!f.allows("/v1/models/%2E./start_profile"));
+        assert!(!f.allows("/v1/models/.%2E/%2e%2E/start_profile"));
+        assert!(!f.allows("/v1/models/%2e/x"));
+        assert!(!f.allows("/v1/models/..%2fstart_profile"));
+        assert!(!f.allows("/v1/models/..%5Cstart_profile"));
+        assert!(f.allows("/v1/models/org%2Dmodel"));
+        assert!(f.allows("/v1/models/a..b"));
         assert!(forwarding(&[], None).allows("/anything"));
         assert!(Forwarding::is_light(&http::Method::GET, "/v1/models/m"));
         assert!(!Forwarding::is_light(

@@ -217,13 +217,18 @@ impl Report {
         let (prompt, cached) = match (details, self.cache_read_input_tokens) {
             _ if self.cache_n.is_some() => {
                 let cached = self.cache_n?;
-                (cached + self.prompt_n?, cached)
+                (cached.saturating_add(self.prompt_n?), cached)
             }
             (Some(cached), _) => (self.prompt_tokens.or(self.input_tokens)?, cached),
             // The Messages API counts cached tokens apart from its `input_tokens`.
             (None, Some(read)) => {
                 let written = self.cache_creation_input_tokens.unwrap_or(0);
-                (self.input_tokens? + read + written, read)
+                (
+                    self.input_tokens?
+                        .saturating_add(read)
+                        .saturating_add(written),
+                    read,
+                )
             }
             (None, None) => return None,
         };
@@ -315,6 +320,24 @@ data: {"type":"response.completed","response":{"id":"resp_1","usage":{"input_tok
                 cached_tokens: 200
             })
         );
+    }
+
+    #[test]
+    fn counts_past_what_adds_up_are_held_at_the_top() {
+        // An engine's counts are read as they come: sums that pass u64 saturate.
+        let top = u64::MAX;
+        let llama = format!(r#"{{"timings":{{"cache_n":{top},"prompt_n":1}}}}"#);
+        let messages = format!(
+            r#"{{"usage":{{"input_tokens":{top},"cache_read_input_tokens":1,"cache_creation_input_tokens":{top}}}}}"#
+        );
+        let at_top = |cached_tokens| {
+            Some(Usage {
+                prompt_tokens: u32::MAX,
+                cached_tokens,
+            })
+        };
+        assert_eq!(read(&[llama.as_str()]), at_top(u32::MAX));
+        assert_eq!(read(&[messages.as_str()]), at_top(1));
     }
 
     #[test]
