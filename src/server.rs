@@ -169,6 +169,7 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         lb,
         Arc::clone(&activity),
         settings.h2c,
+        settings.proxy.client_header_timeout,
     );
     for listener in &settings.listen {
         let addr = listener.addr.to_string();

@@ -42,7 +42,7 @@ metric!(STREAM_ERRORS: IntCounterVec = register_int_counter_vec!(
 ));
 metric!(REJECTIONS: IntCounterVec = register_int_counter_vec!(
     "prefixlb_rejections_total",
-    "Requests answered without a peer: 503 for want of a slot (queue_full, queue_timeout, no_peer), waiters that left (client_gone), peeks beyond the memory budget (peek_memory), paths not forwarded (path_not_allowed)",
+    "Requests answered without a peer: 503 for want of a slot (queue_full, queue_timeout, no_peer), waiters that left (client_gone), heads that trickled in past their timeout (header_timeout), peeks beyond the memory budget (peek_memory), paths not forwarded (path_not_allowed)",
     &["reason"]
 ));
 metric!(QUEUE_WAIT: Histogram = register_histogram!(

@@ -44,6 +44,19 @@ impl ApiError {
         }
     }
 
+    pub fn head_timeout(deadline: std::time::Duration) -> Self {
+        Self {
+            status: 408,
+            kind: "invalid_request_error",
+            code: "request_timeout",
+            message: format!(
+                "the request's head did not arrive within {} ms",
+                deadline.as_millis()
+            ),
+            retry_after_secs: None,
+        }
+    }
+
     pub fn peek_memory_exhausted() -> Self {
         Self {
             status: 503,

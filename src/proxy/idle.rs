@@ -7,6 +7,9 @@
 //! then reads what has come and hands Pingora a session, those bytes as the start of its head.
 //! They are read through the connection's stream, so over TLS they are what rustls decrypts (a
 //! request it already holds, the socket no longer shows, is read at once).
+//! The loop also reads the rest of the head, when the first read did not end it, within the
+//! head timeout (`proxy.client_header_timeout_ms`): Pingora's own reads time out one by one
+//! (60 s each), so a client that sent its head a byte at a time held the connection for ever.
 //! HTTP/2 connections (h2c, or TLS with `h2` agreed) take Pingora's own loop: one such
 //! connection is one session for all its streams.
 
@@ -22,24 +25,33 @@ use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
-use tokio::io::{AsyncRead, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+
+use super::error::ApiError;
+use crate::metrics;
 
 /// Pingora's own limits, kept: a new connection's first request must begin within its read
 /// timeout, a reused one's within its keep-alive timeout; both are 60 s.
 const IDLE_LIMIT: Duration = Duration::from_secs(60);
 /// The head buffer Pingora would have started with (`INIT_HEADER_BUF_SIZE`).
 const HEAD_BUFFER: usize = 4096;
+/// Past this, the head goes to Pingora as it is, which refuses a head larger than 1 MiB.
+const HEAD_LIMIT: usize = 1 << 20;
+/// How long a client that let its head time out gets to take its 408.
+const LINGER: Duration = Duration::from_secs(1);
 
 pub struct IdleConnections<A> {
     app: Arc<A>,
     h2c: bool,
+    head_timeout: Duration,
 }
 
 impl<A> IdleConnections<A> {
-    pub fn new(app: A, h2c: bool) -> Self {
+    pub fn new(app: A, h2c: bool, head_timeout: Duration) -> Self {
         Self {
             app: Arc::new(app),
             h2c,
+            head_timeout,
         }
     }
 }
@@ -65,7 +77,8 @@ where
             let first = if carried.as_ref().is_some_and(holds_pipelined_bytes) {
                 None
             } else {
-                Some(first_bytes(&mut stream).await?)
+                let first = first_bytes(&mut stream).await?;
+                Some(self.rest_of_head(&mut stream, first).await?)
             };
             let mut session = ServerSession::new_http1(stream);
             match carried {
@@ -92,6 +105,50 @@ where
     async fn cleanup(&self) {
         self.app.http_cleanup().await;
     }
+}
+
+impl<A> IdleConnections<A> {
+    /// `head` and what follows it up to the end of the request's head, read within the head
+    /// timeout (most heads end within the first read, and take no more); `None` when the client
+    /// closes or the timeout passes, which its client is told with a 408.
+    async fn rest_of_head(&self, stream: &mut Stream, mut head: BytesMut) -> Option<BytesMut> {
+        let deadline = tokio::time::Instant::now() + self.head_timeout;
+        while !head_ends(&head) && head.len() < HEAD_LIMIT {
+            head.reserve(HEAD_BUFFER);
+            match tokio::time::timeout_at(deadline, stream.read_buf(&mut head)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(_) => return None,
+                Err(_) => {
+                    metrics::REJECTIONS
+                        .with_label_values(&["header_timeout"])
+                        .inc();
+                    let error = ApiError::head_timeout(self.head_timeout);
+                    let body = error.body();
+                    let mut answer = format!(
+                        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n\
+                         content-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    answer.extend_from_slice(&body);
+                    let _ = tokio::time::timeout(LINGER, async {
+                        stream.write_all(&answer).await?;
+                        stream.shutdown().await
+                    })
+                    .await;
+                    return None;
+                }
+            }
+        }
+        Some(head)
+    }
+}
+
+/// Whether `bytes` hold a whole request head: a line feed, then an empty line (`\r\n` or a
+/// bare `\n`, both of which Pingora's parser takes).
+fn head_ends(bytes: &[u8]) -> bool {
+    memchr::memchr_iter(b'\n', bytes)
+        .any(|at| matches!(&bytes[at + 1..], [b'\n', ..] | [b'\r', b'\n', ..]))
 }
 
 /// The start of the next request, as much as one read gets (up to a head buffer's worth) once
@@ -150,6 +207,17 @@ impl fmt::Write for FieldProbe {
 mod tests {
     use super::*;
     use pingora::protocols::l4::stream::Stream as L4Stream;
+
+    #[test]
+    fn a_head_ends_at_its_first_empty_line() {
+        assert!(head_ends(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(head_ends(b"GET / HTTP/1.1\nHost: x\n\nbody"));
+        assert!(head_ends(b"POST / HTTP/1.1\r\nA: b\r\n\r\n{\"x\":1}"));
+        assert!(!head_ends(b"GET / HTTP/1.1\r\nHost: x\r\n"));
+        assert!(!head_ends(b"GET / HTTP/1.1\r\nHost: x\r\n\r"));
+        assert!(!head_ends(b"GET / HTTP/1.1"));
+        assert!(!head_ends(b""));
+    }
 
     /// Pingora's own settings, as its proxy hands them over, with and without such bytes.
     #[tokio::test]

@@ -7,6 +7,7 @@
 //! [`crate::lifecycle`] ends the process once nothing has run for a moment.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};
@@ -60,6 +61,7 @@ pub fn proxy_service<SV>(
     proxy: SV,
     activity: Arc<Activity>,
     h2c: bool,
+    head_timeout: Duration,
 ) -> Service<IdleConnections<DrainingProxy<SV>>>
 where
     SV: ProxyHttp + Send + Sync + 'static,
@@ -74,6 +76,6 @@ where
     let inner = Arc::new(proxy);
     Service::new(
         "prefixlb proxy".into(),
-        IdleConnections::new(DrainingProxy { inner, activity }, h2c),
+        IdleConnections::new(DrainingProxy { inner, activity }, h2c, head_timeout),
     )
 }

@@ -24,6 +24,10 @@ pub struct ProxySettings {
     /// and its slot goes back, after this. Without it, a stream nobody reads holds a slot for
     /// ever (the proxy stops reading the engine, so no upstream timeout fires either).
     pub client_write_timeout: Duration,
+    /// Longest a request's head may take to arrive once its first byte has (HTTP/1): a client
+    /// that sends it a byte at a time would otherwise hold its connection for as long as each
+    /// read comes within Pingora's 60 s.
+    pub client_header_timeout: Duration,
     pub forwarding: ForwardingSettings,
     /// The model a request that names none is served as, when peers are pooled by model.
     pub default_model: Option<String>,
@@ -31,6 +35,7 @@ pub struct ProxySettings {
 
 impl ProxySettings {
     pub const DEFAULT_CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+    pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 }
 
 impl Default for ProxySettings {
@@ -42,6 +47,7 @@ impl Default for ProxySettings {
             access_log: AccessLogFormat::default(),
             access_log_key: None,
             client_write_timeout: Self::DEFAULT_CLIENT_WRITE_TIMEOUT,
+            client_header_timeout: Self::DEFAULT_CLIENT_HEADER_TIMEOUT,
             forwarding: ForwardingSettings::default(),
             default_model: None,
         }

@@ -249,3 +249,81 @@ async fn a_body_that_trickles_in_gets_408_at_the_peek_deadline() {
     assert!(up.seen().is_empty(), "a body that never came went upstream");
     proxy.assert_idle().await;
 }
+
+/// A head sent a line at a time, each well within Pingora's 60 s a read: 408 at the head
+/// timeout, in OpenAI's error form, and the connection closed; a head in pieces that ends in
+/// time is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_that_trickles_in_gets_408_at_the_head_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = start_upstream("a").await;
+    let cfg = TestConfig::new()
+        .peers(&[&up])
+        .client_header_timeout_ms(600)
+        .no_health_check();
+    let proxy = start_proxy(&cfg).await;
+
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let start = Instant::now();
+    s.write_all(format!("POST {CHAT} HTTP/1.1\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    for i in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if s.write_all(format!("x-line-{i}: y\r\n").as_bytes())
+            .await
+            .is_err()
+        {
+            break;
+        }
+        match tokio::time::timeout(Duration::from_millis(1), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    // Then to the close: the answer, and nothing after it.
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let elapsed = start.elapsed();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+    let body: serde_json::Value =
+        serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "request_timeout");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(
+        elapsed >= Duration::from_millis(550) && elapsed < Duration::from_secs(3),
+        "{elapsed:?}"
+    );
+    assert!(
+        up.seen().is_empty(),
+        "a head that never ended went upstream"
+    );
+    assert!(proxy
+        .metrics()
+        .await
+        .contains("prefixlb_rejections_total{reason=\"header_timeout\"} 1"));
+
+    // In pieces, ending in time: served.
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let body = chat("s", "in pieces", 1, false);
+    let request = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (a, rest) = request.as_bytes().split_at(20);
+    s.write_all(a).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.write_all(rest).await.unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200 "));
+    proxy.assert_idle().await;
+}

@@ -67,6 +67,10 @@ pub fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
         access_log: f.access_log.format,
         access_log_key: f.access_log.hash_secret.clone(),
         client_write_timeout: millis("proxy.client_write_timeout_ms", p.client_write_timeout_ms)?,
+        client_header_timeout: millis(
+            "proxy.client_header_timeout_ms",
+            p.client_header_timeout_ms,
+        )?,
         forwarding: forwarding(&f.forwarding, &f.endpoints.paths())?,
     })
 }

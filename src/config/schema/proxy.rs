@@ -16,6 +16,8 @@ pub struct Proxy {
     pub max_body_bytes: usize,
     /// Longest a write to the client may block before its stream is ended.
     pub client_write_timeout_ms: u64,
+    /// Longest a request's head may take to arrive, from its first byte.
+    pub client_header_timeout_ms: u64,
     /// The model of a request that names none.
     pub default_model: Option<String>,
     pub peek: Peek,
@@ -26,6 +28,7 @@ impl Default for Proxy {
         Self {
             max_body_bytes: PeekLimits::default().max_body,
             client_write_timeout_ms: ms(ProxySettings::DEFAULT_CLIENT_WRITE_TIMEOUT),
+            client_header_timeout_ms: ms(ProxySettings::DEFAULT_CLIENT_HEADER_TIMEOUT),
             default_model: None,
             peek: Peek::default(),
         }

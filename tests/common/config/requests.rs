@@ -26,6 +26,10 @@ impl TestConfig {
         self.set(&["limits", "client_write_timeout_ms"], ms)
     }
 
+    pub fn client_header_timeout_ms(self, ms: u64) -> Self {
+        self.set(&["proxy", "client_header_timeout_ms"], ms)
+    }
+
     pub fn peek_memory_bytes(self, bytes: u64) -> Self {
         self.set(&["limits", "peek_memory_bytes"], bytes)
     }
