@@ -132,7 +132,7 @@ async fn a_busy_model_holds_up_no_other_model() {
             .peer(PeerEntry::at(a.addr).models(&["model-a"]).max_in_flight(1))
             .peer(PeerEntry::at(b.addr).models(&["model-b"]))
             .max_waiting(1)
-            .queue_timeout_ms(3_000)
+            .queue_timeout_ms(8_000)
             .no_health_check(),
     )
     .await;
@@ -149,11 +149,11 @@ async fn a_busy_model_holds_up_no_other_model() {
             (answer.status(), start.elapsed())
         })
     };
-    // model-a's only slot, held for two seconds by a slow stream; a second request for
+    // model-a's only slot, held for three seconds by a slow stream; a second request for
     // model-a fills the line.
     let holder = client()
         .post(proxy.url("/v1/chat/completions"))
-        .header("x-mock-events", "40")
+        .header("x-mock-events", "60")
         .header("x-mock-interval-ms", "50")
         .body(chat_for("model-a", "holder", false))
         .send()

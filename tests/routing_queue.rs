@@ -371,3 +371,40 @@ async fn a_full_pool_holds_up_no_other_pool() {
     drop((routed_a, routed_b));
     assert_eq!(cluster.in_flight(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_slot_freed_on_a_peer_two_pools_share_wakes_the_other_pools_line() {
+    // One engine serving a base model and an adapter on it: two pools, one peer.
+    let spec = PeerSpec::new("10.0.0.1:8000".parse().unwrap())
+        .max_in_flight(1)
+        .models(["base", "adapter"]);
+    let cluster = Arc::new(Cluster::new(&[spec], RingConfig::default()));
+    let pool = |name| match cluster.pools().choose(Some(name), None) {
+        PoolChoice::Model(id) => Some(id),
+        other => panic!("{name}: {other:?}"),
+    };
+    let (base, adapter) = (pool("base"), pool("adapter"));
+    let select_for = move |cluster: &Cluster, model| {
+        let demand = Demand {
+            hash: Some(7),
+            model,
+            ..Demand::default()
+        };
+        cluster.select(&Balance::default(), demand, &[])
+    };
+    let held = select_for(&cluster, adapter).routed().unwrap();
+    let c = Arc::clone(&cluster);
+    let waiter = tokio::spawn(async move {
+        let line = c.load().waiters().line(base);
+        line.admit(LIMIT, 0, || select_for(&c, base))
+            .await
+            .map(drop)
+    });
+    settle().await;
+    assert_eq!(cluster.load().waiters().len(), 1);
+    // The adapter's request ends: the base model's waiter, in another line, takes its slot.
+    drop(held);
+    assert_eq!(waiter.await.unwrap(), Ok(()));
+    assert!(cluster.load().waiters().is_empty());
+    assert_eq!(cluster.in_flight(), 0);
+}

@@ -35,9 +35,11 @@ use crate::metrics;
 const IDLE_LIMIT: Duration = Duration::from_secs(60);
 /// The head buffer Pingora would have started with (`INIT_HEADER_BUF_SIZE`).
 const HEAD_BUFFER: usize = 4096;
-/// Past this, the head goes to Pingora as it is, which refuses a head larger than 1 MiB.
-const HEAD_LIMIT: usize = 1 << 20;
-/// How long a client that let its head time out gets to take its 408.
+/// Pingora's largest head (`MAX_HEADER_SIZE`): one this long goes to it as it is, to be refused.
+const HEAD_LIMIT: usize = 1_048_575;
+/// Pingora's most headers (`MAX_HEADERS`) and the request line: past them, the same.
+const MAX_HEAD_LINES: usize = 256 + 1;
+/// How long a client that let its head time out has to take its 408.
 const LINGER: Duration = Duration::from_secs(1);
 
 pub struct IdleConnections<A> {
@@ -108,47 +110,121 @@ where
 }
 
 impl<A> IdleConnections<A> {
-    /// `head` and what follows it up to the end of the request's head, read within the head
-    /// timeout (most heads end within the first read, and take no more); `None` when the client
-    /// closes or the timeout passes, which its client is told with a 408.
+    /// `head` and what follows it up to the end of the request's head (most heads end within
+    /// the first read, and take no more), read within the head timeout from the request line's
+    /// first byte; `None` when the client closes, stays silent or lets the timeout pass, which
+    /// it is told with a 408.
     async fn rest_of_head(&self, stream: &mut Stream, mut head: BytesMut) -> Option<BytesMut> {
-        let deadline = tokio::time::Instant::now() + self.head_timeout;
-        while !head_ends(&head) && head.len() < HEAD_LIMIT {
-            head.reserve(HEAD_BUFFER);
-            match tokio::time::timeout_at(deadline, stream.read_buf(&mut head)).await {
-                Ok(Ok(n)) if n > 0 => {}
+        let mut scan = HeadScan::default();
+        let mut deadline = None;
+        loop {
+            match scan.look(&head) {
+                Head::Ends | Head::PastPingorasLimits => return Some(head),
+                // Empty lines before a request line are not yet a request: the connection is
+                // still idle.
+                Head::Blank => {}
+                Head::Partial => {
+                    deadline.get_or_insert_with(|| tokio::time::Instant::now() + self.head_timeout);
+                }
+            }
+            let wait = deadline.unwrap_or_else(|| tokio::time::Instant::now() + IDLE_LIMIT);
+            let room = (HEAD_LIMIT - head.len()).min(HEAD_BUFFER);
+            let mut chunk = [0u8; HEAD_BUFFER];
+            match tokio::time::timeout_at(wait, stream.read(&mut chunk[..room])).await {
+                Ok(Ok(n)) if n > 0 => head.extend_from_slice(&chunk[..n]),
                 Ok(_) => return None,
+                Err(_) if deadline.is_none() => return None,
                 Err(_) => {
-                    metrics::REJECTIONS
-                        .with_label_values(&["header_timeout"])
-                        .inc();
-                    let error = ApiError::head_timeout(self.head_timeout);
-                    let body = error.body();
-                    let mut answer = format!(
-                        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n\
-                         content-length: {}\r\nconnection: close\r\n\r\n",
-                        body.len()
-                    )
-                    .into_bytes();
-                    answer.extend_from_slice(&body);
-                    let _ = tokio::time::timeout(LINGER, async {
-                        stream.write_all(&answer).await?;
-                        stream.shutdown().await
-                    })
-                    .await;
+                    self.refuse_slow_head(stream).await;
                     return None;
                 }
             }
         }
-        Some(head)
+    }
+
+    /// Answers 408 and closes, reading what the client still sends meanwhile: closing a socket
+    /// with unread bytes resets the connection, which can take the answer with it.
+    async fn refuse_slow_head(&self, stream: &mut Stream) {
+        metrics::REJECTIONS
+            .with_label_values(&["header_timeout"])
+            .inc();
+        let body = ApiError::head_timeout(self.head_timeout).body();
+        let mut answer = format!(
+            "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(&body);
+        let _ = tokio::time::timeout(LINGER, async {
+            stream.write_all(&answer).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; HEAD_BUFFER];
+            while stream.read(&mut sink).await? > 0 {}
+            std::io::Result::Ok(())
+        })
+        .await;
     }
 }
 
-/// Whether `bytes` hold a whole request head: a line feed, then an empty line (`\r\n` or a
-/// bare `\n`, both of which Pingora's parser takes).
-fn head_ends(bytes: &[u8]) -> bool {
-    memchr::memchr_iter(b'\n', bytes)
-        .any(|at| matches!(&bytes[at + 1..], [b'\n', ..] | [b'\r', b'\n', ..]))
+/// How far a request's head has been looked through, so that each byte is looked at once
+/// however many reads the head takes.
+#[derive(Debug, Default)]
+struct HeadScan {
+    /// Bytes looked through.
+    scanned: usize,
+    /// Where the request line starts: past the empty lines a client may send before it, which
+    /// Pingora's parser skips.
+    start: Option<usize>,
+    /// Line feeds from the start.
+    lines: usize,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Head {
+    /// Nothing but empty lines yet.
+    Blank,
+    Partial,
+    /// An empty line after the request line: the head is whole.
+    Ends,
+    /// More lines than Pingora takes headers, or more bytes than it takes a head: it refuses
+    /// the request as it would have.
+    PastPingorasLimits,
+}
+
+impl HeadScan {
+    fn look(&mut self, bytes: &[u8]) -> Head {
+        let start = match self.start {
+            Some(start) => start,
+            None => {
+                let blank = bytes[self.scanned..]
+                    .iter()
+                    .take_while(|b| matches!(b, b'\r' | b'\n'))
+                    .count();
+                self.scanned += blank;
+                if self.scanned == bytes.len() {
+                    return Head::Blank;
+                }
+                *self.start.insert(self.scanned)
+            }
+        };
+        // A line end cut between reads: its first bytes are looked at again.
+        let from = self.scanned.saturating_sub(2).max(start);
+        for at in memchr::memchr_iter(b'\n', &bytes[from..]).map(|i| from + i) {
+            if matches!(&bytes[at + 1..], [b'\n', ..] | [b'\r', b'\n', ..]) {
+                return Head::Ends;
+            }
+            if at >= self.scanned {
+                self.lines += 1;
+            }
+        }
+        self.scanned = bytes.len();
+        if self.lines > MAX_HEAD_LINES || bytes.len() >= HEAD_LIMIT {
+            Head::PastPingorasLimits
+        } else {
+            Head::Partial
+        }
+    }
 }
 
 /// The start of the next request, as much as one read gets (up to a head buffer's worth) once
@@ -208,15 +284,60 @@ mod tests {
     use super::*;
     use pingora::protocols::l4::stream::Stream as L4Stream;
 
+    /// Scans `reads` as they would come, one after another.
+    fn scan(reads: &[&[u8]]) -> Vec<Head> {
+        let (mut scan, mut bytes) = (HeadScan::default(), Vec::new());
+        reads
+            .iter()
+            .map(|read| {
+                bytes.extend_from_slice(read);
+                scan.look(&bytes)
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_head_ends_at_its_first_empty_line() {
-        assert!(head_ends(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"));
-        assert!(head_ends(b"GET / HTTP/1.1\nHost: x\n\nbody"));
-        assert!(head_ends(b"POST / HTTP/1.1\r\nA: b\r\n\r\n{\"x\":1}"));
-        assert!(!head_ends(b"GET / HTTP/1.1\r\nHost: x\r\n"));
-        assert!(!head_ends(b"GET / HTTP/1.1\r\nHost: x\r\n\r"));
-        assert!(!head_ends(b"GET / HTTP/1.1"));
-        assert!(!head_ends(b""));
+    fn a_head_ends_at_its_first_empty_line_however_it_is_cut() {
+        use Head::*;
+        let whole: &[u8] = b"POST / HTTP/1.1\r\nHost: x\r\n\r\n{\"a\":\"\r\n\r\n\"}";
+        assert_eq!(scan(&[whole]), [Ends]);
+        for cut in 1..whole.len() {
+            let (a, b) = whole.split_at(cut);
+            let ends_in_a = cut >= 28;
+            let want = if ends_in_a { Ends } else { Partial };
+            assert_eq!(scan(&[a, b])[..], [want, Ends], "cut at {cut}");
+        }
+        assert_eq!(scan(&[b"GET / HTTP/1.1\nHost: x\n\nbody"]), [Ends]);
+        assert_eq!(scan(&[b"GET / HTTP/1.1\r\nHost: x\r\n\r"]), [Partial]);
+        assert_eq!(
+            scan(&[b"GET / HTTP/1.1", b"\r\n", b"\r", b"\n"]),
+            [Partial, Partial, Partial, Ends]
+        );
+    }
+
+    #[test]
+    fn empty_lines_before_the_request_line_are_not_its_end() {
+        use Head::*;
+        assert_eq!(scan(&[b"\r\n\r\n", b"\n"]), [Blank, Blank]);
+        // Pingora skips them: the head's end is the empty line after the request line.
+        assert_eq!(
+            scan(&[b"\r\n\r\nPOST / HTTP/1.1\r\n", b"Host: x\r\n", b"\r\n"]),
+            [Partial, Partial, Ends]
+        );
+    }
+
+    #[test]
+    fn past_pingoras_header_count_the_head_goes_to_it() {
+        let mut bytes = b"GET / HTTP/1.1\r\n".to_vec();
+        let mut scan = HeadScan::default();
+        for i in 0..300 {
+            bytes.extend_from_slice(format!("x-{i}: y\r\n").as_bytes());
+            if scan.look(&bytes) == Head::PastPingorasLimits {
+                assert_eq!(i, MAX_HEAD_LINES - 1);
+                return;
+            }
+        }
+        panic!("300 headers read on");
     }
 
     /// Pingora's own settings, as its proxy hands them over, with and without such bytes.

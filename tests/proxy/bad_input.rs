@@ -263,53 +263,57 @@ async fn a_head_that_trickles_in_gets_408_at_the_head_timeout() {
         .no_health_check();
     let proxy = start_proxy(&cfg).await;
 
-    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let start = Instant::now();
-    s.write_all(format!("POST {CHAT} HTTP/1.1\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    for i in 0..40 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if s.write_all(format!("x-line-{i}: y\r\n").as_bytes())
+    // Straight away, and after empty lines (which Pingora skips before a request line).
+    for (round, before) in ["", "\r\n\r\n"].into_iter().enumerate() {
+        let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let start = Instant::now();
+        s.write_all(format!("{before}POST {CHAT} HTTP/1.1\r\n").as_bytes())
             .await
-            .is_err()
-        {
-            break;
+            .unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        for i in 0..40 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if s.write_all(format!("x-line-{i}: y\r\n").as_bytes())
+                .await
+                .is_err()
+            {
+                break;
+            }
+            match tokio::time::timeout(Duration::from_millis(1), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+                Err(_) => {}
+            }
         }
-        match tokio::time::timeout(Duration::from_millis(1), s.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => break,
-            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
-            Err(_) => {}
+        // Then to the close: the answer, and nothing after it.
+        while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
         }
+        let elapsed = start.elapsed();
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 408 "), "{before:?}: {text}");
+        let body: serde_json::Value =
+            serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], "request_timeout");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert!(
+            elapsed >= Duration::from_millis(550) && elapsed < Duration::from_secs(3),
+            "{before:?}: {elapsed:?}"
+        );
+        assert!(
+            up.seen().is_empty(),
+            "a head that never ended went upstream"
+        );
+        let counted = format!(
+            "prefixlb_rejections_total{{reason=\"header_timeout\"}} {}",
+            round + 1
+        );
+        assert!(proxy.metrics().await.contains(&counted), "{counted}");
     }
-    // Then to the close: the answer, and nothing after it.
-    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
-        if n == 0 {
-            break;
-        }
-        answer.extend_from_slice(&buf[..n]);
-    }
-    let elapsed = start.elapsed();
-    let text = String::from_utf8_lossy(&answer);
-    assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
-    let body: serde_json::Value =
-        serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
-    assert_eq!(body["error"]["code"], "request_timeout");
-    assert_eq!(body["error"]["type"], "invalid_request_error");
-    assert!(
-        elapsed >= Duration::from_millis(550) && elapsed < Duration::from_secs(3),
-        "{elapsed:?}"
-    );
-    assert!(
-        up.seen().is_empty(),
-        "a head that never ended went upstream"
-    );
-    assert!(proxy
-        .metrics()
-        .await
-        .contains("prefixlb_rejections_total{reason=\"header_timeout\"} 1"));
 
     // In pieces, ending in time: served.
     let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
