@@ -20,7 +20,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::BytesMut;
+use bytes::{BufMut, BytesMut};
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::{Stream, ALPN};
@@ -117,6 +117,8 @@ impl<A> IdleConnections<A> {
     async fn rest_of_head(&self, stream: &mut Stream, mut head: BytesMut) -> Option<BytesMut> {
         let mut scan = HeadScan::default();
         let mut deadline = None;
+        // Empty lines alone, sent now and then, must not keep the connection for ever either.
+        let idle = tokio::time::Instant::now() + IDLE_LIMIT;
         loop {
             match scan.look(&head) {
                 Head::Ends | Head::PastPingorasLimits => return Some(head),
@@ -127,11 +129,14 @@ impl<A> IdleConnections<A> {
                     deadline.get_or_insert_with(|| tokio::time::Instant::now() + self.head_timeout);
                 }
             }
-            let wait = deadline.unwrap_or_else(|| tokio::time::Instant::now() + IDLE_LIMIT);
             let room = (HEAD_LIMIT - head.len()).min(HEAD_BUFFER);
-            let mut chunk = [0u8; HEAD_BUFFER];
-            match tokio::time::timeout_at(wait, stream.read(&mut chunk[..room])).await {
-                Ok(Ok(n)) if n > 0 => head.extend_from_slice(&chunk[..n]),
+            head.reserve(room);
+            // Into the head's own buffer: a buffer on the stack would be in the connection's
+            // future, idle or not.
+            let mut limited = (&mut head).limit(room);
+            let read = stream.read_buf(&mut limited);
+            match tokio::time::timeout_at(deadline.unwrap_or(idle), read).await {
+                Ok(Ok(n)) if n > 0 => {}
                 Ok(_) => return None,
                 Err(_) if deadline.is_none() => return None,
                 Err(_) => {
@@ -159,7 +164,7 @@ impl<A> IdleConnections<A> {
         let _ = tokio::time::timeout(LINGER, async {
             stream.write_all(&answer).await?;
             stream.shutdown().await?;
-            let mut sink = [0u8; HEAD_BUFFER];
+            let mut sink = vec![0u8; HEAD_BUFFER];
             while stream.read(&mut sink).await? > 0 {}
             std::io::Result::Ok(())
         })
