@@ -118,8 +118,10 @@ impl PrefixLb {
         let demand = *ctx.demand;
         // Each tenant waits in a lane of its own; without keys, everyone shares one.
         let lane = ctx.client.as_ref().map_or(0, |t| Arc::as_ptr(t) as u64);
-        // A line per pool: a request waits only behind those that want the same peers.
-        let line = router.load().waiters().line(demand.model);
+        // A line per pool (models on the same peers share one): a request waits only behind
+        // those that want the same slots.
+        let key = router.cluster().pools().line_of(demand.model);
+        let line = router.load().waiters().line(key);
         async move {
             line.admit(self.settings.queue, lane, move || {
                 self.shared

@@ -5,7 +5,7 @@
 //! lists the models it serves, or lists none and serves any: with no peer listing any, there
 //! are no pools and the model is not looked at.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -92,31 +92,56 @@ pub struct Pools {
     listed: Vec<(String, ModelId)>,
     /// Whether some member lists none (and so serves any model).
     open: bool,
+    /// Each listed model's waiting line, by id: the smallest id of the models the very same
+    /// members serve. A base model and the adapters on the same engines want the same slots,
+    /// so they wait in one line, first come, first served.
+    lines: Vec<(ModelId, ModelId)>,
 }
 
 impl Pools {
     pub fn new(names: &ModelNames, members: impl Iterator<Item = Option<Vec<String>>>) -> Self {
-        let mut listed = std::collections::BTreeMap::new();
-        let mut open = false;
+        let mut listed = BTreeMap::new();
+        // The members serving each listed model, and those that list none (serving all).
+        let mut members_of: BTreeMap<ModelId, Vec<usize>> = BTreeMap::new();
+        let mut open_members = Vec::new();
         let mut any_listed = false;
-        for models in members {
+        for (member, models) in members.enumerate() {
             match models {
                 Some(models) => {
                     any_listed = true;
-                    names.intern(&models);
+                    for id in names.intern(&models) {
+                        members_of.entry(id).or_default().push(member);
+                    }
                     for name in &models {
                         if let Some(id) = names.get(name) {
                             listed.insert(name.clone(), id);
                         }
                     }
                 }
-                None => open = true,
+                None => open_members.push(member),
             }
         }
+        let mut first_with: BTreeMap<Vec<usize>, ModelId> = BTreeMap::new();
+        let lines = members_of
+            .into_iter()
+            .map(|(id, mut serving)| {
+                serving.extend(&open_members);
+                serving.sort_unstable();
+                (id, *first_with.entry(serving).or_insert(id))
+            })
+            .collect();
         Self {
+            open: !open_members.is_empty() || !any_listed,
             listed: listed.into_iter().collect(),
-            open: open || !any_listed,
+            lines,
         }
+    }
+
+    /// The waiting line of a request for `model`: see `lines`.
+    pub fn line_of(&self, model: Option<ModelId>) -> Option<ModelId> {
+        let model = model?;
+        let line = self.lines.binary_search_by_key(&model, |&(id, _)| id);
+        Some(line.map_or(model, |at| self.lines[at].1))
     }
 
     /// Whether any member lists its models: without, nothing is routed by model.
@@ -175,6 +200,35 @@ mod tests {
         }
         assert_eq!(first.models().collect::<Vec<_>>(), ["a", "b", "c"]);
         assert_eq!(second.choose(Some("a"), None), PoolChoice::Unknown);
+    }
+
+    #[test]
+    fn models_on_the_same_members_share_a_line() {
+        let names = ModelNames::default();
+        // Two engines with a base model and an adapter, one with another model, one open.
+        let pools = Pools::new(
+            &names,
+            [
+                list(&["base", "adapter"]),
+                list(&["adapter", "base"]),
+                list(&["other"]),
+            ]
+            .into_iter(),
+        );
+        let id = |n| names.get(n);
+        assert_eq!(pools.line_of(id("adapter")), pools.line_of(id("base")));
+        assert_ne!(pools.line_of(id("other")), pools.line_of(id("base")));
+        assert_eq!(pools.line_of(None), None);
+        // A member serving only one of them: their slots differ, and so do their lines.
+        let apart = Pools::new(
+            &names,
+            [list(&["base", "adapter"]), list(&["base"]), None].into_iter(),
+        );
+        assert_ne!(apart.line_of(id("adapter")), apart.line_of(id("base")));
+        assert_eq!(
+            apart.line_of(Some(ModelId::UNLISTED)),
+            Some(ModelId::UNLISTED)
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The saturation queue: FIFO within a lane and fair between lanes, woken by releases, bounded in length and time, and left cleanly
-//! by a waiter whose client goes away.
+//! by a waiter whose client goes away; a line per pool (`pools`).
+
+mod pools;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -302,109 +304,4 @@ async fn a_peer_coming_back_wakes_the_line() {
     settle().await;
     bigger.set_healthy("10.0.0.2:8000", true);
     assert_eq!(waiter.await.unwrap(), "10.0.0.2:8000");
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_full_pool_holds_up_no_other_pool() {
-    let specs = [
-        PeerSpec::new("10.0.0.1:8000".parse().unwrap())
-            .max_in_flight(1)
-            .models(["a"]),
-        PeerSpec::new("10.0.0.2:8000".parse().unwrap())
-            .max_in_flight(1)
-            .models(["b"]),
-    ];
-    let cluster = Arc::new(Cluster::new(&specs, RingConfig::default()));
-    let pool = |name| match cluster.pools().choose(Some(name), None) {
-        PoolChoice::Model(id) => Some(id),
-        other => panic!("{name}: {other:?}"),
-    };
-    let (a, b) = (pool("a"), pool("b"));
-    let select_for = |cluster: &Cluster, model| {
-        let demand = Demand {
-            hash: Some(7),
-            model,
-            ..Demand::default()
-        };
-        cluster.select(&Balance::default(), demand, &[])
-    };
-    let one = QueueLimit {
-        max_waiting: 1,
-        ..LIMIT
-    };
-    let admit = |model| {
-        let cluster = Arc::clone(&cluster);
-        tokio::spawn(async move {
-            let line = cluster.load().waiters().line(model);
-            line.admit(one, 0, || select_for(&cluster, model))
-                .await
-                .map(|(routed, waited)| (routed.slot.peer().id().to_owned(), routed, waited))
-        })
-    };
-    // Pool a's only slot is held and its line is full.
-    let held_a = select_for(&cluster, a).routed().unwrap();
-    let waiting_a = admit(a);
-    settle().await;
-    assert_eq!(cluster.load().waiters().len(), 1);
-
-    // A request for b goes straight to b: nobody in its line.
-    let (peer, held_b, waited) = admit(b).await.unwrap().unwrap();
-    assert_eq!((peer.as_str(), waited), ("10.0.0.2:8000", Duration::ZERO));
-
-    // b full too: the next request for b waits in b's line, behind nobody of a's.
-    let waiting_b = admit(b);
-    settle().await;
-    assert_eq!(cluster.load().waiters().len(), 2);
-    // A slot freed in b serves b's waiter, though a's has waited longer.
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    drop(held_b);
-    let (peer, routed_b, waited) = waiting_b.await.unwrap().unwrap();
-    assert_eq!(peer, "10.0.0.2:8000");
-    assert_eq!(waited, Duration::from_millis(5));
-    assert!(!waiting_a.is_finished(), "a's waiter took b's slot");
-    assert_eq!(cluster.load().waiters().len(), 1);
-
-    drop(held_a);
-    let (peer, routed_a, _) = waiting_a.await.unwrap().unwrap();
-    assert_eq!(peer, "10.0.0.1:8000");
-    assert!(cluster.load().waiters().is_empty());
-    drop((routed_a, routed_b));
-    assert_eq!(cluster.in_flight(), 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_slot_freed_on_a_peer_two_pools_share_wakes_the_other_pools_line() {
-    // One engine serving a base model and an adapter on it: two pools, one peer.
-    let spec = PeerSpec::new("10.0.0.1:8000".parse().unwrap())
-        .max_in_flight(1)
-        .models(["base", "adapter"]);
-    let cluster = Arc::new(Cluster::new(&[spec], RingConfig::default()));
-    let pool = |name| match cluster.pools().choose(Some(name), None) {
-        PoolChoice::Model(id) => Some(id),
-        other => panic!("{name}: {other:?}"),
-    };
-    let (base, adapter) = (pool("base"), pool("adapter"));
-    let select_for = move |cluster: &Cluster, model| {
-        let demand = Demand {
-            hash: Some(7),
-            model,
-            ..Demand::default()
-        };
-        cluster.select(&Balance::default(), demand, &[])
-    };
-    let held = select_for(&cluster, adapter).routed().unwrap();
-    let c = Arc::clone(&cluster);
-    let waiter = tokio::spawn(async move {
-        let line = c.load().waiters().line(base);
-        line.admit(LIMIT, 0, || select_for(&c, base))
-            .await
-            .map(drop)
-    });
-    settle().await;
-    assert_eq!(cluster.load().waiters().len(), 1);
-    // The adapter's request ends: the base model's waiter, in another line, takes its slot.
-    drop(held);
-    assert_eq!(waiter.await.unwrap(), Ok(()));
-    assert!(cluster.load().waiters().is_empty());
-    assert_eq!(cluster.in_flight(), 0);
 }
