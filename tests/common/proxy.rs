@@ -22,12 +22,24 @@ impl Proxy {
     }
 
     pub async fn peers(&self) -> serde_json::Value {
-        reqwest::get(format!("http://{}/admin/peers", self.admin))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.admin_get("/admin/peers").await.json().await.unwrap()
+    }
+
+    /// A GET of the admin API. When it cannot be reached, the failure says what the proxy
+    /// logged last: a crash, an exit or a port taken away tell apart only there.
+    async fn admin_get(&self, path: &str) -> reqwest::Response {
+        match reqwest::get(format!("http://{}{path}", self.admin)).await {
+            Ok(response) => response,
+            Err(e) => {
+                let log = self.log();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                panic!(
+                    "GET {path} from the proxy's admin API: {e}\nits log ends:\n{}",
+                    tail.join("\n")
+                )
+            }
+        }
     }
 
     pub async fn in_flight_of(&self, addr: &str) -> u64 {
@@ -96,12 +108,7 @@ impl Proxy {
     }
 
     pub async fn metrics(&self) -> String {
-        reqwest::get(format!("http://{}/metrics", self.admin))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        self.admin_get("/metrics").await.text().await.unwrap()
     }
 
     /// Asserts that every slot is released within 5 s.
