@@ -31,26 +31,14 @@ impl ApiError {
         }
     }
 
-    pub fn peek_timeout(deadline: std::time::Duration) -> Self {
+    /// 408 for a request whose `part` (its head, its body) did not arrive within `deadline`.
+    pub fn request_timeout(part: &str, deadline: std::time::Duration) -> Self {
         Self {
             status: 408,
             kind: "invalid_request_error",
             code: "request_timeout",
             message: format!(
-                "the request body did not arrive within {} ms",
-                deadline.as_millis()
-            ),
-            retry_after_secs: None,
-        }
-    }
-
-    pub fn head_timeout(deadline: std::time::Duration) -> Self {
-        Self {
-            status: 408,
-            kind: "invalid_request_error",
-            code: "request_timeout",
-            message: format!(
-                "the request's head did not arrive within {} ms",
+                "the request's {part} did not arrive within {} ms",
                 deadline.as_millis()
             ),
             retry_after_secs: None,

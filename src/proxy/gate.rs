@@ -74,7 +74,7 @@ impl PrefixLb {
         let peek = peek_key(session, keys, limits, &self.peek_memory, pooled);
         let peeked = tokio::time::timeout(limits.deadline, peek)
             .await
-            .unwrap_or_else(|_| Ok(Err(ApiError::peek_timeout(limits.deadline))))??;
+            .unwrap_or_else(|_| Ok(Err(ApiError::request_timeout("body", limits.deadline))))??;
         metrics::PEEKED_BYTES.inc_by(peeked.bytes as u64);
         ctx.unreplayed = peeked.unreplayed;
         ctx.peek_held = Some(peeked.held);

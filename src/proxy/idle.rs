@@ -153,7 +153,7 @@ impl<A> IdleConnections<A> {
         metrics::REJECTIONS
             .with_label_values(&["header_timeout"])
             .inc();
-        let body = ApiError::head_timeout(self.head_timeout).body();
+        let body = ApiError::request_timeout("head", self.head_timeout).body();
         let mut answer = format!(
             "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n\
              content-length: {}\r\nconnection: close\r\n\r\n",

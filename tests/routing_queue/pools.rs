@@ -71,7 +71,10 @@ async fn a_full_pool_holds_up_no_other_pool() {
     let admit = |model| {
         let cluster = Arc::clone(&cluster);
         tokio::spawn(async move {
-            let line = cluster.load().waiters().line(model);
+            let line = cluster
+                .load()
+                .waiters()
+                .line(cluster.pools().line_of(model));
             line.admit(one, 0, || select_for(&cluster, model))
                 .await
                 .map(|(routed, waited)| (routed.slot.peer().id().to_owned(), routed, waited))
