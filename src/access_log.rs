@@ -9,6 +9,7 @@
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -47,8 +48,10 @@ pub struct AccessLog {
     format: AccessLogFormat,
     /// The secret the key hashes are keyed with.
     secret: Vec<u8>,
-    /// The writer's queue; `None` when the log is off.
-    lines: Option<SyncSender<String>>,
+    /// The writer's queue, made with its writer at the first line; `None` when the writer
+    /// could not start. Not at start-up: a daemon forks after the log is made, and a thread
+    /// does not survive a fork, so the process that writes starts its writer.
+    lines: OnceLock<Option<SyncSender<String>>>,
 }
 
 impl AccessLog {
@@ -66,21 +69,10 @@ impl AccessLog {
                     .collect()
             }
         };
-        let lines = (format != AccessLogFormat::Off)
-            .then(|| {
-                let (tx, rx) = sync_channel(QUEUE);
-                std::thread::Builder::new()
-                    .name("access log".into())
-                    .spawn(move || write_lines(rx))
-                    .map_err(|e| log::error!("no access log: cannot start its writer: {e}"))
-                    .ok()
-                    .map(|_| tx)
-            })
-            .flatten();
         Self {
             format,
             secret,
-            lines,
+            lines: OnceLock::new(),
         }
     }
 
@@ -127,7 +119,11 @@ impl AccessLog {
 
     /// Queues the line of `e` for the writer.
     pub fn write(&self, e: &Entry<'_>) {
-        let (Some(lines), Some(line)) = (&self.lines, self.line(e)) else {
+        let Some(line) = self.line(e) else {
+            return;
+        };
+        let Some(lines) = self.lines.get_or_init(start_writer) else {
+            ACCESS_LOG_DROPPED.inc();
             return;
         };
         PENDING.fetch_add(1, Ordering::AcqRel);
@@ -136,6 +132,17 @@ impl AccessLog {
             ACCESS_LOG_DROPPED.inc();
         }
     }
+}
+
+/// Starts the writer thread; its queue, or `None` (said once) when it cannot start.
+fn start_writer() -> Option<SyncSender<String>> {
+    let (tx, rx) = sync_channel(QUEUE);
+    std::thread::Builder::new()
+        .name("access log".into())
+        .spawn(move || write_lines(rx))
+        .map_err(|e| log::error!("no access log: cannot start its writer: {e}"))
+        .ok()
+        .map(|_| tx)
 }
 
 /// How long the writer lets lines gather after the first of a batch. It is not woken by each
