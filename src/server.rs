@@ -72,7 +72,9 @@ where
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     lifecycle::ignore_until_running();
     let mut cli = Cli::parse_from(args);
-    // A daemon runs from /: reloads must find the files the command line meant.
+    // A daemon runs from /: reloads must find the files the command line and the
+    // configuration meant, taken from here.
+    crate::config::paths::start_dir();
     if let Ok(absolute) = std::fs::canonicalize(&cli.lb_conf) {
         cli.lb_conf = absolute;
     }

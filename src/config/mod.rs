@@ -9,6 +9,7 @@
 mod convert;
 mod error;
 pub mod migrate;
+pub mod paths;
 pub mod schema;
 
 use std::path::Path;

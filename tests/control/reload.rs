@@ -167,6 +167,31 @@ async fn sighup_reloads_the_peers_section_of_the_config_file() {
     );
 }
 
+/// A configuration that fails for something outside it (a file it names, not there yet) is
+/// parsed again at each check, said once, and taken once that is mended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_failing_on_a_missing_file_is_taken_once_the_file_is_there() {
+    let ups = upstreams::<2>().await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.yaml");
+    let cfg = TestConfig::new().reload_interval_ms(50);
+    let proxy = start_proxy(&cfg.clone().peers(&[&ups[0]])).await;
+    proxy.rewrite_config(&cfg.peers(&ups).keys_file(&keys));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(proxy.peers().await["peers"].as_array().unwrap().len(), 1);
+    std::fs::write(&keys, "keys: []\n").unwrap();
+    until(&proxy, Duration::from_secs(3), |l| {
+        l["peers"].as_array().unwrap().len() == 2
+    })
+    .await;
+    let log = proxy.log();
+    assert_eq!(
+        log.matches("auth.keys_file").count(),
+        1,
+        "said once, not at every check: {log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_peers_file_leaves_routing_unchanged() {
     let ups = upstreams::<2>().await;

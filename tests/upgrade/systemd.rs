@@ -26,8 +26,8 @@ fn unit_commands(key: &str, dir: &Path, binary: &Path, main_pid: u32) -> Vec<Vec
         .collect()
 }
 
-/// Runs `commands` in order and stops at the first that fails, as systemd does; true when all
-/// succeeded.
+/// Runs `commands` in order from `dir` and stops at the first that fails, as systemd does;
+/// true when all succeeded.
 fn run_all(commands: &[Vec<String>], dir: &Path) -> bool {
     commands.iter().all(|argv| {
         let log = |name: &str| {
@@ -39,6 +39,7 @@ fn run_all(commands: &[Vec<String>], dir: &Path) -> bool {
         };
         let status = Command::new(&argv[0])
             .args(&argv[1..])
+            .current_dir(dir)
             .env("RUST_LOG", "info")
             .stdout(log("daemon.access.log"))
             .stderr(log("daemon.log"))
@@ -92,6 +93,26 @@ impl Drop for Daemon {
     }
 }
 
+/// Waits up to 5 s for the daemons' access log to hold `at_least` request lines; their count.
+async fn access_lines(dir: &Path, at_least: usize) -> usize {
+    let start = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(dir.join("daemon.access.log")).unwrap_or_default();
+        let n = log
+            .lines()
+            .filter(|l| l.contains("/v1/completions"))
+            .count();
+        if n >= at_least {
+            return n;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{n} access log lines, {at_least} expected: {log:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -105,7 +126,8 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
         .listen_on(loopback(port))
         .no_admin()
         .no_health_check()
-        .peers(&[&up]);
+        .peers(&[&up])
+        .access_log("json");
     std::fs::write(dir.path().join("prefixlb.yaml"), lb.to_yaml()).unwrap();
     let shipped = std::fs::read_to_string("systemd/pingora.yaml").unwrap();
     std::fs::write(
@@ -130,6 +152,9 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
     };
     wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
     assert!(serves().await);
+    // The daemon writes its access log: its writer is started after the fork, which no
+    // thread survives.
+    let logged = access_lines(dir.path(), 1).await;
 
     // A good reload: a new process takes over and the old one leaves.
     let first = daemon.pid();
@@ -159,7 +184,10 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
     let second = daemon.pid();
     assert_ne!(second, first);
     assert!(seen_sharing, "the new daemon never shared its counts");
+    // The first daemon wrote what it had before it exited; the second writes its own.
+    let before = access_lines(dir.path(), logged).await;
     assert!(alive(second) && serves().await);
+    access_lines(dir.path(), before + 1).await;
 
     // A new build that passes the check but cannot start: the reload fails before the old
     // process is told anything, and it goes on serving.
@@ -182,4 +210,65 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(daemon.pid(), second);
     assert!(alive(second) && serves().await);
+}
+
+/// A daemon runs from `/`, and parses its configuration again at each change of it: a file the
+/// configuration names by a relative path is still found there, so the change is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_whose_configuration_names_relative_paths_takes_its_changes() {
+    let (a, b) = (start_upstream("a").await, start_upstream("b").await);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("keys.yaml"),
+        format!("keys:\n  - {{name: t, sha256: {}}}\n", sha256_hex(b"k1")),
+    )
+    .unwrap();
+    let port = free_port();
+    let lb = |up: &Upstream| {
+        TestConfig::new()
+            .listen_on(loopback(port))
+            .no_admin()
+            .no_health_check()
+            .peers(&[up])
+            .keys_file(Path::new("keys.yaml"))
+            .to_yaml()
+    };
+    std::fs::write(dir.path().join("prefixlb.yaml"), lb(&a)).unwrap();
+    let shipped = std::fs::read_to_string("systemd/pingora.yaml").unwrap();
+    std::fs::write(
+        dir.path().join("pingora.yaml"),
+        shipped.replace("/run/prefixlb/", &format!("{}/", dir.path().display())),
+    )
+    .unwrap();
+    assert!(run_all(
+        &unit_commands("ExecStart", dir.path(), &binary(), 0),
+        dir.path()
+    ));
+    let _daemon = Daemon(dir.path().join("prefixlb.pid"), Default::default());
+    _daemon.pid();
+    wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
+    let url = format!("http://127.0.0.1:{port}/v1/completions");
+    let serves = || async {
+        let r = client()
+            .post(&url)
+            .header("authorization", "Bearer k1")
+            .body(r#"{"prompt":"x"}"#)
+            .send()
+            .await;
+        r.is_ok_and(|r| r.status() == 200)
+    };
+    assert!(serves().await);
+    assert_eq!(a.seen().len(), 1);
+
+    std::fs::write(dir.path().join("prefixlb.yaml"), lb(&b)).unwrap();
+    let start = Instant::now();
+    while b.seen().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the change was not taken: {}",
+            std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default()
+        );
+        assert!(serves().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -3,6 +3,7 @@
 
 use super::values::{at_least_one, ceiling, millis, weight};
 use crate::config::error::ConfigError;
+use crate::config::paths::absolute;
 use crate::config::schema::peers::{self as schema, DnsRecord, PortFile};
 use crate::routing::Weight;
 use crate::settings::{
@@ -92,6 +93,9 @@ pub fn discovery(d: schema::DiscoveryFile, has_peers: bool) -> Result<Discovery,
 fn dns(dns: schema::DnsFile) -> Result<Dns, ConfigError> {
     Ok(Dns {
         query: match (dns.record, dns.port) {
+            (DnsRecord::A, Some(0)) => {
+                return Err(ConfigError::new("discovery.dns.port", "must be at least 1"))
+            }
             (DnsRecord::A, Some(port)) => DnsQuery::A { port },
             (DnsRecord::A, None) => {
                 return Err(ConfigError::new(
@@ -173,7 +177,7 @@ fn kubernetes(k: schema::KubernetesFile) -> Result<Kubernetes, ConfigError> {
     let api = match (k.kubeconfig, k.api_server) {
         (None, None) => KubeApi::InCluster,
         (Some(path), None) => KubeApi::Kubeconfig {
-            path,
+            path: absolute(&path),
             context: k.context,
         },
         (None, Some(url)) => {
@@ -190,8 +194,8 @@ fn kubernetes(k: schema::KubernetesFile) -> Result<Kubernetes, ConfigError> {
             }
             KubeApi::Server {
                 url,
-                token_file: k.token_file,
-                ca_file: k.ca_file,
+                token_file: k.token_file.as_deref().map(absolute),
+                ca_file: k.ca_file.as_deref().map(absolute),
             }
         }
         (Some(_), Some(_)) => {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use super::check::Checked;
 use super::peers::NamedPeer;
 use crate::config::error::ConfigError;
+use crate::config::paths::absolute;
 use crate::routing::PeerSpec;
 use crate::settings::Settings;
 
@@ -25,7 +26,7 @@ pub fn resolve(checked: Checked) -> Result<Settings, ConfigError> {
         *key_file = existing_file("replicas.key_file", key_file)?;
     }
     if let Some(path) = &checked.ca_file {
-        let pem = std::fs::read(path).map_err(|e| {
+        let pem = std::fs::read(absolute(path)).map_err(|e| {
             ConfigError::new("upstream.tls.ca_file", format!("{}: {e}", path.display()))
         })?;
         settings.proxy.upstream.tls.ca = Some(crate::tls::ca_bundle(&pem)?);
@@ -34,13 +35,14 @@ pub fn resolve(checked: Checked) -> Result<Settings, ConfigError> {
     Ok(settings)
 }
 
-/// A file named in the configuration, as an absolute path (a daemon runs from /), kept as
-/// written otherwise: a symlink is followed at each read, as certbot's `live/` links and
-/// Kubernetes' secret mounts are renewed by repointing them.
+/// A file named in the configuration, as an absolute path, kept as written otherwise: a
+/// symlink is followed at each read, as certbot's `live/` links and Kubernetes' secret mounts
+/// are renewed by repointing them.
 fn existing_file(field: &str, path: &Path) -> Result<PathBuf, ConfigError> {
-    let fail = |e: std::io::Error| ConfigError::new(field, format!("{}: {e}", path.display()));
-    std::fs::metadata(path).map_err(fail)?;
-    std::path::absolute(path).map_err(fail)
+    let path = absolute(path);
+    std::fs::metadata(&path)
+        .map_err(|e| ConfigError::new(field, format!("{}: {e}", path.display())))?;
+    Ok(path)
 }
 
 /// The peers as the routing core takes them; hostnames are resolved here, once.

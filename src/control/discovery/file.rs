@@ -18,6 +18,10 @@ pub struct FileSource {
     interval: Duration,
     /// The file is prefixlb's whole configuration, not a list of peers alone.
     whole_config: bool,
+    /// What the file's text failed with at its last parse. That text is parsed again at each
+    /// check (a name in it may resolve later, a file it names may appear), and the same
+    /// failure is said again only when asked to (SIGHUP).
+    failed: Option<String>,
 }
 
 impl FileSource {
@@ -29,6 +33,7 @@ impl FileSource {
             file: SettledFile::new(path),
             interval,
             whole_config: false,
+            failed: None,
         }
     }
 
@@ -38,6 +43,7 @@ impl FileSource {
             file: SettledFile::new(path.to_owned()),
             interval,
             whole_config: true,
+            failed: None,
         }
     }
 }
@@ -77,6 +83,21 @@ impl PeerSource for FileSource {
         })
         .await
         .map_err(|e| Error::new("", format!("reading the peers failed: {e}")))?;
-        Ok(Some(parsed?))
+        match parsed {
+            Ok(specs) => {
+                self.failed = None;
+                Ok(Some(specs))
+            }
+            Err(e) => {
+                self.file.forget();
+                let said = e.to_string();
+                if !force && self.failed.as_deref() == Some(said.as_str()) {
+                    log::debug!("{}: still {said}", self.file.path().display());
+                    return Ok(None);
+                }
+                self.failed = Some(said);
+                Err(e.into())
+            }
+        }
     }
 }
