@@ -352,3 +352,27 @@ async fn the_agent_keeps_a_healthy_engine_registered_and_removes_it_when_it_fail
     assert_eq!(key_of(&mut conn, &engine).await, None);
     wait_peers(&proxy, &[], Duration::from_secs(2)).await;
 }
+
+/// Figures prefixlb would skip the node for, or that would stop the agent's loop, are refused
+/// at the command line, before anything is registered.
+#[test]
+fn the_agent_refuses_figures_prefixlb_would_not_take() {
+    for bad in [
+        ["--weight", "0"],
+        ["--weight", "101"],
+        ["--max-in-flight", "0"],
+        ["--interval-ms", "0"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_prefixlb-agent"))
+            .args(["--redis", "redis://127.0.0.1:1", "--engine", "127.0.0.1:1"])
+            .args(bad)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {said}");
+        assert!(
+            said.contains(bad[0]) && !said.contains("panicked"),
+            "{said}"
+        );
+    }
+}

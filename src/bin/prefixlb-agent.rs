@@ -15,6 +15,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use prefixlb::control::probe::Probe;
 use prefixlb::control::registry::{Heartbeat, RegistryEntry};
+use prefixlb::routing::MAX_WEIGHT;
 use prefixlb::settings::{Registry, UpstreamTls};
 
 #[derive(Parser, Debug)]
@@ -33,9 +34,11 @@ struct Cli {
     /// The address prefixlb should reach the engine at; the engine's own when absent.
     #[arg(long)]
     advertise: Option<SocketAddr>,
-    #[arg(long, default_value_t = 1)]
+    /// The engine's share of keys and load, as a peer's `weight` in prefixlb (1 to 100).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_WEIGHT)))]
     weight: u32,
-    #[arg(long)]
+    /// The most requests prefixlb sends the engine at once, as a peer's `max_in_flight`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     max_in_flight: Option<u32>,
     /// The models (and LoRA adapters) the engine serves, comma-separated; absent: prefixlb
     /// asks the engine's /v1/models.
@@ -44,7 +47,7 @@ struct Cli {
     #[arg(long, default_value = "/health")]
     health_path: String,
     /// How often the engine is checked and the key written.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     interval_ms: u64,
     /// How long the key lives unless written again: a few intervals, so that one slow write
     /// does not drop the node.

@@ -59,6 +59,9 @@ impl EngineFeedback {
         let cluster = self.router.cluster();
         // All at once: a peer that does not answer must not delay the others' figures.
         futures_util::future::join_all(cluster.peers().iter().map(|p| self.scrape(p))).await;
+        // A peer gone is forgotten: its name may come back, and its next failure be news.
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        failing.retain(|id| cluster.peer(id).is_some());
     }
 
     async fn scrape(&self, peer: &Arc<Peer>) {

@@ -104,7 +104,7 @@ pub use prompt::model as model_in;
 pub use queue::{Attempt, Outcome, QueueLimit, Rejection, WaitLines, WaitQueue};
 pub use record::{Holdings, PrefixRecord, RecordStats};
 pub use responses::{previous_in, IdReader, ResponseHomes};
-pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT};
+pub use ring::{Ring, RingConfig, DEFAULT_VNODES_PER_WEIGHT, MAX_VNODES_PER_WEIGHT};
 pub use slot::Slot;
 pub use spec::{canonical, PeerSpec, Weight, MAX_WEIGHT, UNLIMITED};
 pub use tuning::{LearnedRate, Tuning};

@@ -235,7 +235,9 @@ impl Peer {
     /// requests it has beyond this process's own count as load carried by others.
     pub fn set_engine(&self, figures: Option<EngineReport>) {
         let excess = figures.map_or(0, |f| {
-            (f.running + f.waiting).saturating_sub(self.in_flight())
+            f.running
+                .saturating_add(f.waiting)
+                .saturating_sub(self.in_flight())
         });
         self.engine.report(figures);
         self.others.set_from_engine(excess, &self.cluster);

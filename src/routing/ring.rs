@@ -20,6 +20,11 @@ use super::spec::Weight;
 /// of points per unit of weight.
 pub const DEFAULT_VNODES_PER_WEIGHT: u32 = 2048;
 
+/// The most points per unit of weight a configuration may ask for: eight times the default,
+/// already within a few percent everywhere; more would cost memory (192 KiB per unit of weight
+/// here) and buy no evenness.
+pub const MAX_VNODES_PER_WEIGHT: u32 = 16_384;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingConfig {
     pub vnodes_per_weight: u32,

@@ -126,6 +126,17 @@ fn invalid_configs_are_refused_naming_the_field() {
         ),
         ("peers: [{addr: \"127.0.0.1:1\", sni: x}]", "peers[0].sni"),
         (
+            "listen: [\"0.0.0.0:8080\", \"127.0.0.1:8080\"]",
+            "listen[1]",
+        ),
+        ("listen: [\"127.0.0.1:9090\"]", "admin.listen"),
+        ("access_log: {hash_secret: \"\"}", "access_log.hash_secret"),
+        ("discovery: {dns: {name: x, port: 0}}", "discovery.dns.port"),
+        (
+            "advanced: {vnodes_per_weight: 100000000}",
+            "advanced.vnodes_per_weight",
+        ),
+        (
             "discovery: {redis: {url: \"http://x\"}}",
             "discovery.redis.url",
         ),

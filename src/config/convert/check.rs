@@ -1,6 +1,7 @@
 //! Every value of the file checked, without touching anything outside it: the settings but
 //! what `resolve` completes afterwards (peer addresses, the CA, files made absolute).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -34,13 +35,14 @@ pub fn check(f: File) -> Result<Checked, ConfigError> {
     let router = router(&f.routing, &f.endpoints, &f.outlier, &f.advanced)?;
     let proxy = proxy(&f)?;
     let has_peers = !f.peers.is_empty();
+    let admin = admin(f.admin, &listen)?;
     let settings = Settings {
         listen,
         h2c: f.h2c,
         auth,
         router,
         proxy,
-        admin: admin(f.admin)?,
+        admin,
         allow_empty_peers: f.discovery.allow_empty,
         discovery: peers::discovery(f.discovery, has_peers)?,
         health_check: health_check(f.health_check)?,
@@ -77,10 +79,13 @@ fn listeners(listen: &[schema::Listen]) -> Result<Vec<Listener>, ConfigError> {
                 }),
             },
         };
-        if out.iter().any(|other| other.addr == listener.addr) {
+        if let Some(other) = out.iter().find(|o| clash(o.addr, listener.addr)) {
             return Err(ConfigError::new(
                 field,
-                format!("{} is listed twice", listener.addr),
+                format!(
+                    "{} takes the port of {} listed before it",
+                    listener.addr, other.addr
+                ),
             ));
         }
         out.push(listener);
@@ -88,7 +93,14 @@ fn listeners(listen: &[schema::Listen]) -> Result<Vec<Listener>, ConfigError> {
     Ok(out)
 }
 
-fn admin(a: schema::Admin) -> Result<Option<AdminSettings>, ConfigError> {
+/// Whether two listeners cannot both bind: the same port on the same address, or on any
+/// address where one of them is a wildcard (`[::]` takes IPv4 too). Found here, not by the
+/// bind in a service's own task, which would leave the process running without that service.
+fn clash(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+fn admin(a: schema::Admin, proxies: &[Listener]) -> Result<Option<AdminSettings>, ConfigError> {
     let Some(listen) = a.listen else {
         return Ok(None);
     };
@@ -99,6 +111,12 @@ fn admin(a: schema::Admin) -> Result<Option<AdminSettings>, ConfigError> {
         ));
     }
     let listen = socket_addr("admin.listen", &listen)?;
+    if let Some(proxy) = proxies.iter().find(|p| clash(p.addr, listen)) {
+        return Err(ConfigError::new(
+            "admin.listen",
+            format!("{listen} takes the port of the proxy's {}", proxy.addr),
+        ));
+    }
     if !listen.ip().is_loopback() && a.token.is_none() {
         return Err(ConfigError::new(
             "admin.listen",

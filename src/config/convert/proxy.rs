@@ -65,7 +65,17 @@ pub fn proxy(f: &File) -> Result<ProxySettings, ConfigError> {
             timeout: Duration::from_millis(q.timeout_ms),
         },
         access_log: f.access_log.format,
-        access_log_key: f.access_log.hash_secret.clone(),
+        access_log_key: match f.access_log.hash_secret.as_deref() {
+            // Keyed with nothing, every deployment's labels would be the same, and a guessed
+            // prompt confirmed by hashing it.
+            Some("") => {
+                return Err(ConfigError::new(
+                    "access_log.hash_secret",
+                    "must not be empty (omit it for a random one per process)",
+                ))
+            }
+            secret => secret.map(str::to_owned),
+        },
         client_write_timeout: millis("proxy.client_write_timeout_ms", p.client_write_timeout_ms)?,
         client_header_timeout: millis(
             "proxy.client_header_timeout_ms",

@@ -10,7 +10,9 @@ use crate::config::error::ConfigError;
 use crate::config::schema::routing::{Endpoints, Key, Outlier, Routing};
 use crate::config::schema::tuning::Advanced;
 use crate::routing::cost::{CostModel, MAX_CANDIDATES};
-use crate::routing::{Balance, KeyConfig, KeySource, OutlierPolicy, RingConfig, Tuning};
+use crate::routing::{
+    Balance, KeyConfig, KeySource, OutlierPolicy, RingConfig, Tuning, MAX_VNODES_PER_WEIGHT,
+};
 use crate::settings::RouterSettings;
 
 /// The record's budget: from 1 MiB to 4 GiB (millions of prompts' worth).
@@ -43,7 +45,12 @@ pub fn router(
             format!("must be from 1 to {MAX_CANDIDATES}"),
         ));
     }
-    at_least_one("advanced.vnodes_per_weight", a.vnodes_per_weight.into())?;
+    if !(1..=MAX_VNODES_PER_WEIGHT).contains(&a.vnodes_per_weight) {
+        return Err(ConfigError::new(
+            "advanced.vnodes_per_weight",
+            format!("must be from 1 to {MAX_VNODES_PER_WEIGHT}"),
+        ));
+    }
     if !RECORD_BYTES.contains(&a.prefix_record_bytes) {
         return Err(ConfigError::new(
             "advanced.prefix_record_bytes",
