@@ -1,7 +1,10 @@
-//! What is not heard: forged, replayed and unsigned datagrams from the listed replica, and a
-//! genuine one from an address that is no replica's, each counted; the window they leave.
+//! What is not heard: forged, replayed, stale and unsigned datagrams from the listed replica,
+//! and a genuine one from an address that is no replica's, each counted; the window they leave.
 
-use crate::{counted, key_id, messages, push_entries, signed, Entries, Signed, KEY_A, KEY_B};
+use crate::{
+    counted, key_id, messages, push_entries, signed, signed_at, unix_ms, Entries, Signed, HEADER,
+    KEY_A, KEY_B,
+};
 
 /// The format before signatures: `PLR1`, then entries.
 fn unsigned(entries: Entries) -> Vec<u8> {
@@ -33,7 +36,7 @@ async fn forged_replayed_and_unsigned_datagrams_change_nothing_and_are_counted()
 
     // Every byte is under the tag: one changed in an entry's peer is forged.
     let mut forged = signed(&KEY_A, sender, 1, told);
-    forged[4 + 1 + 8 + 8 + 3] ^= 0x01;
+    forged[HEADER + 3] ^= 0x01;
     listed.send_to(&forged, ours).await.unwrap();
     counted(&proxy, "forged", 1.0).await;
     // A tag of the right shape from a key that is not the file's.
@@ -53,7 +56,7 @@ async fn forged_replayed_and_unsigned_datagrams_change_nothing_and_are_counted()
         .unwrap();
     counted(&proxy, "unsigned", 2.0).await;
     let mut cut = signed(&KEY_A, sender, 1, told);
-    cut.truncate(4 + 1 + 8 + 8 + 31);
+    cut.truncate(HEADER + 31);
     listed.send_to(&cut, ours).await.unwrap();
     counted(&proxy, "unsigned", 3.0).await;
 
@@ -90,8 +93,26 @@ async fn forged_replayed_and_unsigned_datagrams_change_nothing_and_are_counted()
         .await
         .unwrap();
     counted(&proxy, "heard", 5.0).await;
+
+    // A genuine datagram sent a minute ago (a copy kept for when its sender is forgotten, or
+    // this process restarted), or dated a minute ahead, is stale: no window remembers every
+    // sender, the time does. It moves no window either.
+    let stale = sender + 2;
+    for sent in [unix_ms() - 60_000, unix_ms() + 60_000] {
+        listed
+            .send_to(&signed_at(&KEY_A, stale, 0, sent, told), ours)
+            .await
+            .unwrap();
+    }
+    counted(&proxy, "stale", 2.0).await;
+    listed
+        .send_to(&signed(&KEY_A, stale, 0, told), ours)
+        .await
+        .unwrap();
+    counted(&proxy, "heard", 6.0).await;
     for (event, n) in [
-        ("heard", 5.0),
+        ("heard", 6.0),
+        ("stale", 2.0),
         ("forged", 2.0),
         ("replayed", 2.0),
         ("unsigned", 3.0),

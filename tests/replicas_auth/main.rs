@@ -53,12 +53,34 @@ pub(crate) fn push_entries(out: &mut Vec<u8>, entries: Entries) {
     }
 }
 
-/// `PLR2`, key id, sender id, sequence number, entries, HMAC-SHA256 of all that.
+/// Bytes of a signed datagram's header: `PLR3`, key id, sender id, sequence number, time sent.
+pub(crate) const HEADER: usize = 4 + 1 + 8 + 8 + 8;
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn unix_ms() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.unwrap().as_millis() as u64
+}
+
+/// A signed datagram sent now.
 pub(crate) fn signed(key: &[u8], sender: u64, seq: u64, entries: Entries) -> Vec<u8> {
-    let mut d = b"PLR2".to_vec();
+    signed_at(key, sender, seq, unix_ms(), entries)
+}
+
+/// `PLR3`, key id, sender id, sequence number, the time sent (ms since the Unix epoch),
+/// entries, HMAC-SHA256 of all that.
+pub(crate) fn signed_at(
+    key: &[u8],
+    sender: u64,
+    seq: u64,
+    sent_ms: u64,
+    entries: Entries,
+) -> Vec<u8> {
+    let mut d = b"PLR3".to_vec();
     d.push(key_id(key));
     d.extend_from_slice(&sender.to_le_bytes());
     d.extend_from_slice(&seq.to_le_bytes());
+    d.extend_from_slice(&sent_ms.to_le_bytes());
     push_entries(&mut d, entries);
     let tag = mac(key).chain_update(&d).finalize().into_bytes();
     d.extend_from_slice(&tag);
@@ -76,10 +98,12 @@ pub(crate) struct Opened {
 fn open(d: &[u8], key: &[u8]) -> Option<Opened> {
     let (body, tag) = d.split_at_checked(d.len().checked_sub(32)?)?;
     mac(key).chain_update(body).verify_slice(tag).ok()?;
-    let rest = body.strip_prefix(b"PLR2")?;
+    let rest = body.strip_prefix(b"PLR3")?;
     // The sender id (8 bytes after the key id) only matters to the receiver's replay window.
     let (id, seq) = (rest[0], u64::from_le_bytes(rest[9..17].try_into().unwrap()));
-    let mut rest = &rest[17..];
+    let sent_ms = u64::from_le_bytes(rest[17..25].try_into().unwrap());
+    assert!(unix_ms().abs_diff(sent_ms) < 5_000, "sent at {sent_ms}");
+    let mut rest = &rest[HEADER - 4..];
     let mut entries = Vec::new();
     while let Some((&n, tail)) = rest.split_first() {
         let (peer, tail) = tail.split_at(usize::from(n));

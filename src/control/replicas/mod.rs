@@ -10,9 +10,9 @@
 //! acknowledged: what is lost costs a prefill, as a forgotten block does.
 //!
 //! What a datagram tells steers keys, so a datagram is heard only from a listed replica's
-//! address and, with `replicas.key_file`, only when signed with a key of the file ([`keys`])
-//! and not heard before ([`replay`]): an address can be spoofed and a datagram copied, the
-//! key cannot be guessed. Without a key (replicas on loopback alone, as the configuration
+//! address and, with `replicas.key_file`, only when signed with a key of the file ([`keys`]),
+//! sent lately and not heard before ([`replay`]): an address can be spoofed and a datagram
+//! copied, the key cannot be guessed. Without a key (replicas on loopback alone, as the configuration
 //! requires) datagrams go unsigned ([`wire`]).
 
 pub mod keys;
@@ -106,6 +106,10 @@ impl ReplicaExchange {
             wire::Refused::Unsigned => "unsigned",
             wire::Refused::Forged => "forged",
         })?;
+        // Before the window, so that a stale copy moves no window.
+        if !replay::fresh(signed.sent_ms, unix_ms()) {
+            return Err("stale");
+        }
         // This process's own datagrams, sent back to it, would record its choices twice.
         if signed.sender == self.sender || !senders.admit(signed.sender, signed.seq) {
             return Err("replayed");
@@ -120,6 +124,14 @@ impl ReplicaExchange {
             .iter()
             .any(|o| o.ip().to_canonical() == ip)
     }
+}
+
+/// The wall clock, in milliseconds since the Unix epoch: what the replicas' clocks agree on.
+fn unix_ms() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A sender id that no other process is likely to draw: a process restarted must not be taken
@@ -164,7 +176,13 @@ fn send_loop(socket: UdpSocket, outbox: Receiver<Served>, router: Arc<Router>, s
         // The keys as they are now sign the whole datagram; a reload meanwhile signs the next.
         let ring = sending.keys.as_ref().map(|k| k.load_full());
         let signer = ring.as_ref().map(|r| r.signer());
-        wire::begin(&mut datagram, signer.map(|key| (key, sending.sender, seq)));
+        let signing = signer.map(|key| wire::Signing {
+            key,
+            sender: sending.sender,
+            seq,
+            sent_ms: unix_ms(),
+        });
+        wire::begin(&mut datagram, signing);
         let header = datagram.len();
         let cluster = router.cluster();
         let mut next = Some(first);

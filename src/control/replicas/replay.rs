@@ -3,8 +3,23 @@
 //! of IPsec, RFC 4303 §3.4.3). UDP may reorder datagrams; one late by less than the window is
 //! still heard, once. A sender is known by the id it draws at its start, so that one restarted
 //! or upgraded, counting from 0 again, is heard as a new sender rather than as a replay.
+//!
+//! The windows live in memory and hold [`MAX_SENDERS`]: a receiver that restarted, or a copy
+//! of a sender long forgotten, would find no window. So a datagram is also heard only within
+//! [`MAX_AGE`] of the time it says it was sent ([`fresh`]): a copy is heard at most once, and
+//! only while what it says is still about as new as the record's own turns.
 
 use std::collections::HashMap;
+use std::time::Duration;
+
+/// How far from this process's clock the time a datagram was sent may be, either way: the
+/// network's delay and the replicas' clocks apart (NTP keeps them within milliseconds).
+pub const MAX_AGE: Duration = Duration::from_secs(30);
+
+/// Whether a datagram sent at `sent_ms` is heard at `now_ms` (both since the Unix epoch).
+pub fn fresh(sent_ms: u64, now_ms: u64) -> bool {
+    u128::from(sent_ms.abs_diff(now_ms)) <= MAX_AGE.as_millis()
+}
 
 /// Sequence numbers below the highest heard that are still told apart.
 pub const WINDOW: u64 = 64;
@@ -83,6 +98,18 @@ impl Senders {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_datagram_is_heard_only_near_the_time_it_says_it_was_sent() {
+        let now = 1_796_000_000_000;
+        let age = MAX_AGE.as_millis() as u64;
+        for heard in [now, now - age, now + age, now - 5] {
+            assert!(fresh(heard, now), "{heard}");
+        }
+        for stale in [now - age - 1, now + age + 1, 0, u64::MAX] {
+            assert!(!fresh(stale, now), "{stale}");
+        }
+    }
 
     #[test]
     fn each_sequence_number_is_heard_once() {

@@ -6,9 +6,12 @@
 //! header:
 //!
 //! - signed ([`SIGNED_MAGIC`], with `replicas.key_file`): the magic, the key's id (1 byte, see
-//!   [`super::keys`]), the sender's id (`u64`, drawn at the sender's start) and its sequence
-//!   number (`u64`, one more for each datagram it sends), both little-endian; after the
-//!   entries, the HMAC-SHA256 of everything before it under the key ([`TAG_LEN`] bytes).
+//!   [`super::keys`]), the sender's id (`u64`, drawn at the sender's start), its sequence
+//!   number (`u64`, one more for each datagram it sends) and the time it sent it (`u64`,
+//!   milliseconds since the Unix epoch), all little-endian; after the entries, the
+//!   HMAC-SHA256 of everything before it under the key ([`TAG_LEN`] bytes). The time lets a
+//!   receiver refuse a copy of an old datagram that no window of sequence numbers remembers
+//!   (the receiver restarted, or the sender was forgotten among many).
 //! - unsigned ([`MAGIC`], replicas on loopback without a key): the magic alone, as before
 //!   signatures, so that processes of the two versions still hear each other.
 
@@ -19,11 +22,11 @@ use super::keys::{Key, KeyRing};
 /// The first bytes of an unsigned datagram: its format, version 1.
 pub const MAGIC: &[u8; 4] = b"PLR1";
 
-/// The first bytes of a signed datagram: version 2.
-pub const SIGNED_MAGIC: &[u8; 4] = b"PLR2";
+/// The first bytes of a signed datagram: version 3 (version 2 had no time, and is not heard).
+pub const SIGNED_MAGIC: &[u8; 4] = b"PLR3";
 
-/// Bytes of a signed datagram's header: magic, key id, sender id, sequence number.
-pub const SIGNED_HEADER: usize = 4 + 1 + 8 + 8;
+/// Bytes of a signed datagram's header: magic, key id, sender id, sequence number, time sent.
+pub const SIGNED_HEADER: usize = 4 + 1 + 8 + 8 + 8;
 
 /// Bytes of the signature that ends a signed datagram.
 pub const TAG_LEN: usize = 32;
@@ -32,17 +35,27 @@ pub const TAG_LEN: usize = 32;
 /// nothing is fragmented between hosts.
 pub const MAX_DATAGRAM: usize = 1400;
 
-/// Starts a datagram in `out`: unsigned without a key, else signed by `key` as datagram
-/// `seq` of `sender`.
-pub fn begin(out: &mut Vec<u8>, signing: Option<(&Key, u64, u64)>) {
+/// Who signs a datagram, and which of theirs it is.
+#[derive(Clone, Copy)]
+pub struct Signing<'a> {
+    pub key: &'a Key,
+    pub sender: u64,
+    pub seq: u64,
+    /// When it is sent, in milliseconds since the Unix epoch.
+    pub sent_ms: u64,
+}
+
+/// Starts a datagram in `out`: unsigned without a key, else signed as `signing` says.
+pub fn begin(out: &mut Vec<u8>, signing: Option<Signing<'_>>) {
     out.clear();
     match signing {
         None => out.extend_from_slice(MAGIC),
-        Some((key, sender, seq)) => {
+        Some(s) => {
             out.extend_from_slice(SIGNED_MAGIC);
-            out.push(key.id());
-            out.extend_from_slice(&sender.to_le_bytes());
-            out.extend_from_slice(&seq.to_le_bytes());
+            out.push(s.key.id());
+            out.extend_from_slice(&s.sender.to_le_bytes());
+            out.extend_from_slice(&s.seq.to_le_bytes());
+            out.extend_from_slice(&s.sent_ms.to_le_bytes());
         }
     }
 }
@@ -87,6 +100,7 @@ pub enum Refused {
 pub struct Signed<'a> {
     pub sender: u64,
     pub seq: u64,
+    pub sent_ms: u64,
     /// The entries, for [`entries`].
     pub body: &'a [u8],
 }
@@ -114,6 +128,7 @@ pub fn open<'a>(datagram: &'a [u8], ring: &KeyRing) -> Result<Signed<'a>, Refuse
     Ok(Signed {
         sender: word(5),
         seq: word(13),
+        sent_ms: word(21),
         body: &signed[SIGNED_HEADER..],
     })
 }
@@ -148,9 +163,18 @@ mod tests {
         KeyRing::parse(text).unwrap()
     }
 
+    fn signing(ring: &KeyRing, sender: u64, seq: u64) -> Signing<'_> {
+        Signing {
+            key: ring.signer(),
+            sender,
+            seq,
+            sent_ms: 1_796_000_000_000 + seq,
+        }
+    }
+
     fn signed_datagram(ring: &KeyRing, sender: u64, seq: u64) -> Vec<u8> {
         let mut d = Vec::new();
-        begin(&mut d, Some((ring.signer(), sender, seq)));
+        begin(&mut d, Some(signing(ring, sender, seq)));
         assert!(encode_entry(&mut d, "10.0.0.1:8000", &[1, u64::MAX, 3]));
         assert!(encode_entry(&mut d, "[::1]:8001", &[]));
         seal(&mut d, ring.signer());
@@ -161,10 +185,13 @@ mod tests {
     fn a_signed_datagram_opens_with_its_sender_sequence_and_entries() {
         let keys = ring(KEY_A);
         let d = signed_datagram(&keys, 0xfeed, 41);
-        assert_eq!(&d[..4], b"PLR2");
+        assert_eq!(&d[..4], b"PLR3");
         assert_eq!(d[4], keys.signer().id());
         let opened = open(&d, &keys).unwrap();
-        assert_eq!((opened.sender, opened.seq), (0xfeed, 41));
+        assert_eq!(
+            (opened.sender, opened.seq, opened.sent_ms),
+            (0xfeed, 41, 1_796_000_000_041)
+        );
         let got: Vec<_> = entries(opened.body).collect();
         assert_eq!(
             got,
@@ -226,13 +253,17 @@ mod tests {
         );
         assert_eq!(unsigned(&plain).map(|b| entries(b).count()), Some(1));
         assert_eq!(unsigned(&whole), None);
+        // Version 2, without the time, is not a format this process hears.
+        let mut old = whole.clone();
+        old[..4].copy_from_slice(b"PLR2");
+        assert_eq!(open(&old, &keys).unwrap_err(), Refused::Unsigned);
     }
 
     #[test]
     fn an_entry_that_would_pass_the_datagram_size_is_left_for_the_next() {
         let keys = ring(KEY_A);
         let mut d = Vec::new();
-        begin(&mut d, Some((keys.signer(), 1, 1)));
+        begin(&mut d, Some(signing(&keys, 1, 1)));
         let names = [7u64; 65];
         assert!(encode_entry(&mut d, "10.0.0.1:8000", &names));
         assert!(encode_entry(&mut d, "10.0.0.1:8000", &names));
