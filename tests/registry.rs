@@ -189,13 +189,23 @@ async fn peers_register_change_and_leave_by_heartbeat() {
         .await
         .unwrap();
     wait_peers(&proxy, &[], Duration::from_secs(2)).await;
-    // A bad entry is skipped, not the registry.
-    redis::cmd("SET")
-        .arg(format!("{PREFIX}not-an-address"))
-        .arg("{}")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    // A bad entry is skipped, not the registry: not an address, not UTF-8 in its name or value.
+    let b_key = format!("{PREFIX}{}", b.addr).into_bytes();
+    for (key, value) in [
+        (
+            format!("{PREFIX}not-an-address").into_bytes(),
+            b"{}".to_vec(),
+        ),
+        ([PREFIX.as_bytes(), b"\xff\xfe:1"].concat(), b"{}".to_vec()),
+        (b_key, b"{\"weight\": \"\xff\"}".to_vec()),
+    ] {
+        redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+    }
     register(&mut conn, &a, "{}", 60_000).await.unwrap();
     wait_peers(&proxy, &[(&a, 1)], Duration::from_secs(2)).await;
 }

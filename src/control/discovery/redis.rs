@@ -46,10 +46,11 @@ impl RegistrySource {
         let text = |e: redis::RedisError| e.to_string();
         let connection = connected(&self.client, &mut self.connection).await?;
         let pattern = format!("{}*", escape_glob(&self.settings.prefix));
-        let mut keys: Vec<String> = Vec::new();
+        // Bytes, not text: one key or value that is not UTF-8 must cost its own entry only.
+        let mut keys: Vec<Vec<u8>> = Vec::new();
         let mut cursor = 0u64;
         loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
                 .arg(&pattern)
@@ -69,7 +70,7 @@ impl RegistrySource {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let values: Vec<Option<String>> = redis::cmd("MGET")
+        let values: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
             .arg(&keys)
             .query_async(connection)
             .await
@@ -83,14 +84,15 @@ impl RegistrySource {
     }
 
     /// The peer a node's key names; a bad entry is skipped with a warning, not the whole list.
-    fn entry(&self, key: &str, value: &str) -> Option<PeerSpec> {
+    fn entry(&self, key: &[u8], value: &[u8]) -> Option<PeerSpec> {
+        let key = String::from_utf8_lossy(key);
         let addr = key.strip_prefix(&self.settings.prefix)?;
         let parsed = addr
             .parse::<SocketAddr>()
             .map_err(|e| e.to_string())
             .and_then(|addr| {
                 let entry: RegistryEntry =
-                    serde_json::from_str(value).map_err(|e| e.to_string())?;
+                    serde_json::from_slice(value).map_err(|e| e.to_string())?;
                 let weight = Weight::new(entry.weight)
                     .ok_or_else(|| format!("weight {} is not 1 to 100", entry.weight))?;
                 Ok(PeerSpec {
