@@ -169,6 +169,20 @@ pub fn forget_peer(peer: &str) {
     let _ = PEER_EJECTIONS.remove_label_values(&[peer]);
 }
 
+/// Counts on a peer's series with `count`, unless the peer has left the cluster (`removed`):
+/// its series were dropped then, and one counted after would stay for good. A removal racing
+/// the count has dropped the series before it (then `removed` is seen: a series' update and
+/// its removal take the same lock) or drops them after; either way they go.
+pub fn count_peer(id: &str, removed: impl Fn() -> bool, count: impl FnOnce()) {
+    if removed() {
+        return;
+    }
+    count();
+    if removed() {
+        forget_peer(id);
+    }
+}
+
 pub fn status_class(status: Option<u16>) -> &'static str {
     match status {
         Some(200..=299) => "2xx",

@@ -27,12 +27,17 @@ impl PrefixLb {
         let duration = ctx.arrived.elapsed();
         metrics::DURATION.observe(duration.as_secs_f64());
         let route = ctx.route_label();
-        // A peer removed while this ran has had its series dropped; counting it now would bring
-        // them back, for good.
-        if let (Some(p), Some(route)) = (served_by.as_ref().filter(|p| !p.removed()), route) {
-            metrics::PEER_REQUESTS
-                .with_label_values(&[p.id(), route, metrics::status_class(ctx.upstream_status)])
-                .inc();
+        if let (Some(p), Some(route)) = (served_by.as_ref(), route) {
+            let class = metrics::status_class(ctx.upstream_status);
+            metrics::count_peer(
+                p.id(),
+                || p.removed(),
+                || {
+                    metrics::PEER_REQUESTS
+                        .with_label_values(&[p.id(), route, class])
+                        .inc()
+                },
+            );
         }
         let peer = served_by.map(|p| p.id().to_owned());
         self.end_trace(session, e, ctx, peer.as_deref(), usage);

@@ -71,9 +71,15 @@ impl PrefixLb {
     /// Counts a failed request against `peer`, and says so when that ejected it.
     pub(crate) fn peer_failed(&self, peer: &Peer) {
         if let Some(backoff) = self.router.peer_failed(peer) {
-            metrics::PEER_EJECTIONS
-                .with_label_values(&[peer.id()])
-                .inc();
+            metrics::count_peer(
+                peer.id(),
+                || peer.removed(),
+                || {
+                    metrics::PEER_EJECTIONS
+                        .with_label_values(&[peer.id()])
+                        .inc()
+                },
+            );
             log::warn!(
                 "ejecting peer {} for {backoff:?}: repeated failures",
                 peer.id()

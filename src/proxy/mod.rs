@@ -121,9 +121,16 @@ impl ProxyHttp for PrefixLb {
         mut e: Box<Error>,
     ) -> Box<Error> {
         if let Some(slot) = ctx.slot.take() {
-            metrics::PEER_CONNECT_FAILURES
-                .with_label_values(&[slot.peer().id()])
-                .inc();
+            let p = slot.peer();
+            metrics::count_peer(
+                p.id(),
+                || p.removed(),
+                || {
+                    metrics::PEER_CONNECT_FAILURES
+                        .with_label_values(&[p.id()])
+                        .inc()
+                },
+            );
             self.peer_failed(slot.peer());
             ctx.failed.push(Arc::clone(slot.peer()));
         }
