@@ -123,6 +123,15 @@ fn error(status: StatusCode, message: &str) -> Response<Vec<u8>> {
     reply(status, json!({ "error": { "message": message } }))
 }
 
+/// The method an endpoint takes; `None`: no such endpoint.
+fn allowed(segments: &[&str]) -> Option<&'static str> {
+    match segments {
+        ["metrics"] | [""] | ["admin", "peers"] => Some("GET"),
+        ["admin", "peers", _, "drain" | "undrain"] => Some("POST"),
+        _ => None,
+    }
+}
+
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
@@ -134,11 +143,32 @@ impl ServeHttp for Admin {
             _ => false,
         };
         if !open && !self.authorized(session) {
-            return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+            let mut refused = error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
+            refused.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer"),
+            );
+            return refused;
+        }
+        if self.token.is_none() && origin::host_rebindable(&session.req_header().headers) {
+            return error(
+                StatusCode::FORBIDDEN,
+                "a Host that is a name is refused without admin.token (a page of another site could have pointed that name at this listener): use the address, or localhost",
+            );
         }
         let method = session.req_header().method.clone();
         let path = session.req_header().uri.path().to_owned();
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        if let Some(allow) = allowed(&segments).filter(|m| *m != method.as_str()) {
+            let mut refused = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("{path} takes {allow} only"),
+            );
+            refused
+                .headers_mut()
+                .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+            return refused;
+        }
         // Every POST that gets here carried the token, when one is set.
         let refused = origin::refusal(&session.req_header().headers, self.token.is_some());
         match (method, segments.as_slice()) {

@@ -85,6 +85,15 @@ pub fn refusal(headers: &HeaderMap, token_checked: bool) -> Option<&'static str>
 }
 
 /// Whether `authority`'s host is one no DNS answer decides: an IP address or `localhost`.
+/// Whether a request's `Host` is a name (not an address literal or `localhost`): with no admin
+/// token, a page of the name's owner could have had the browser rebind it to this listener,
+/// and read what it answers as its own. A request without `Host` (HTTP/1.0) is no browser's.
+pub fn host_rebindable(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::HOST)
+        .is_some_and(|h| !h.to_str().is_ok_and(is_address_literal))
+}
+
 fn is_address_literal(authority: &str) -> bool {
     if let Some(rest) = authority.strip_prefix('[') {
         return rest
@@ -98,6 +107,27 @@ fn is_address_literal(authority: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_named_host_is_rebindable() {
+        for host in [
+            "127.0.0.1:9090",
+            "[::1]:9090",
+            "localhost:9090",
+            "LOCALHOST",
+            "10.0.0.1",
+        ] {
+            assert!(!host_rebindable(&headers(&[("host", host)])), "{host}");
+        }
+        for host in [
+            "evil.example:9090",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io:9090",
+        ] {
+            assert!(host_rebindable(&headers(&[("host", host)])), "{host}");
+        }
+        assert!(!host_rebindable(&HeaderMap::new()));
+    }
 
     const OWN: &[(&str, &str)] = &[
         ("host", "127.0.0.1:9090"),

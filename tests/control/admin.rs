@@ -100,6 +100,7 @@ async fn the_admin_api_can_require_a_bearer_token() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(denied.status(), 401);
+    assert_eq!(denied.headers()["www-authenticate"], "Bearer");
     let allowed = c.get(&url).bearer_auth("s3cret").send().await.unwrap();
     assert_eq!(allowed.status(), 200);
     for (auth, status) in [
@@ -154,4 +155,46 @@ async fn the_admin_api_can_require_a_bearer_token() {
     assert_eq!(r.status(), 200);
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// An endpoint asked with the wrong method says which it takes; without a token, a request
+/// whose Host is a name (which its owner's page could point at the listener) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_methods_get_405_and_a_named_host_is_refused_without_a_token() {
+    let up = start_upstream("a").await;
+    let proxy = start_proxy(&TestConfig::new().peers(&[&up])).await;
+    let c = client();
+    let base = format!("http://{}", proxy.admin);
+    for (method, path, allow) in [
+        (
+            reqwest::Method::GET,
+            format!("/admin/peers/{}/drain", up.addr),
+            "POST",
+        ),
+        (reqwest::Method::POST, "/admin/peers".to_owned(), "GET"),
+        (reqwest::Method::DELETE, "/metrics".to_owned(), "GET"),
+    ] {
+        let r = c
+            .request(method.clone(), format!("{base}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405, "{method} {path}");
+        assert_eq!(r.headers()["allow"], allow);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert!(body["error"]["message"].is_string());
+    }
+    let peers = format!("{base}/admin/peers");
+    for (host, status) in [
+        ("evil.example", 403),
+        ("localhost", 200),
+        (proxy.admin.to_string().as_str(), 200),
+    ] {
+        let r = c.get(&peers).header("host", host).send().await.unwrap();
+        assert_eq!(r.status(), status, "{host}");
+    }
+    assert_eq!(
+        peer(&proxy.peers().await, &up.addr_str())["draining"],
+        false
+    );
 }
