@@ -62,21 +62,22 @@ async fn dns_discovery_follows_the_records() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_srv_target_that_fails_once_keeps_its_peer_and_one_that_stays_gone_leaves() {
     use hickory_proto::rr::{rdata::SRV, Name, RData, RecordType};
-    let (port, [a, b]) = upstreams_on_one_port::<2>().await;
+    let (port, [a, b, backup]) = upstreams_on_one_port::<3>().await;
     // Targets whose address lookups fail right now.
     let failing = Arc::new(Mutex::new(Vec::<&'static str>::new()));
     let down = Arc::clone(&failing);
     let dns = fake_dns(Box::new(move |q| {
         let name = q.name().to_lowercase().to_ascii();
         match (q.query_type(), name.as_str()) {
-            (RecordType::SRV, "gpu.test.") => ["t1.test.", "t2.test."]
+            // t3 is of a higher priority number: a backup, used only when no other resolves.
+            (RecordType::SRV, "gpu.test.") => [("t1.test.", 0), ("t2.test.", 0), ("t3.test.", 1)]
                 .iter()
-                .map(|t| RData::SRV(SRV::new(0, 1, port, Name::from_ascii(t).unwrap())))
+                .map(|(t, p)| RData::SRV(SRV::new(*p, 1, port, Name::from_ascii(t).unwrap())))
                 .collect(),
-            (RecordType::A, t @ ("t1.test." | "t2.test."))
+            (RecordType::A, t @ ("t1.test." | "t2.test." | "t3.test."))
                 if !down.lock().unwrap().contains(&t) =>
             {
-                let last = if t == "t1.test." { 1 } else { 2 };
+                let last = t.as_bytes()[1] - b'0';
                 vec![RData::A(hickory_proto::rr::rdata::A(Ipv4Addr::new(
                     127, 0, 0, last,
                 )))]
@@ -119,4 +120,10 @@ async fn an_srv_target_that_fails_once_keeps_its_peer_and_one_that_stays_gone_le
         "{}",
         proxy.log()
     );
+    // With every target of the first priority gone, the backup serves.
+    failing.lock().unwrap().push("t1.test.");
+    until(&proxy, Duration::from_secs(5), |l| {
+        listed(l) == vec![backup.addr_str()]
+    })
+    .await;
 }

@@ -38,6 +38,14 @@ fn endpoint(text: &str) -> Result<Uri, ConfigError> {
     let uri: Uri = text
         .parse()
         .map_err(|e| ConfigError::new(field, format!("`{text}` is not a URL ({e})")))?;
+    // The endpoint is logged and sent as the Host header: a secret in it would be too, so it is
+    // refused before any message repeats the URL.
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(ConfigError::new(
+            field,
+            "must not hold credentials (user:password@): put them in tracing.headers (authorization)",
+        ));
+    }
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
         return Err(ConfigError::new(
             field,
@@ -86,6 +94,10 @@ mod tests {
             field_of("tracing: {otlp_endpoint: \"http://collector:4318\"}"),
             "tracing.otlp_endpoint"
         );
+        let with_secret = "tracing: {otlp_endpoint: \"https://u:token@c:4318/v1/traces\"}";
+        let e = parse(with_secret).unwrap_err();
+        assert_eq!(e.field, "tracing.otlp_endpoint");
+        assert!(!e.to_string().contains("token"), "{e}");
         assert_eq!(field_of(&at("sample_ratio: 1.5")), "tracing.sample_ratio");
         assert_eq!(field_of(&at("service_name: \"\"")), "tracing.service_name");
         assert_eq!(field_of(&at("timeout_ms: 0")), "tracing.timeout_ms");

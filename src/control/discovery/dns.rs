@@ -1,5 +1,7 @@
 //! Peers from DNS: A/AAAA records of one name with a port, or SRV records (target, port and
-//! weight from each record), asked again every interval.
+//! weight from each record; of the targets that resolve, those of the lowest priority, as RFC
+//! 2782 has clients use the others only when none of those is there), asked again every
+//! interval.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -83,6 +85,8 @@ impl DnsSource {
                 let lookup = resolver.srv_lookup(c.name.as_str()).await.map_err(fail)?;
                 let mut last_error = None;
                 let mut seen = HashMap::new();
+                // Each target's peers with its priority; the lowest that resolved serves.
+                let mut by_priority: Vec<(u16, PeerSpec)> = Vec::new();
                 for record in lookup.answers() {
                     let RData::SRV(srv) = &record.data else {
                         continue;
@@ -110,9 +114,20 @@ impl DnsSource {
                         }
                     };
                     let weight = Weight::clamped(u64::from(srv.weight));
-                    specs.extend(ips.0.iter().map(|&ip| peer((ip, srv.port).into(), weight)));
+                    by_priority.extend(
+                        ips.0
+                            .iter()
+                            .map(|&ip| (srv.priority, peer((ip, srv.port).into(), weight))),
+                    );
                     seen.insert(target, ips);
                 }
+                let first = by_priority.iter().map(|(p, _)| *p).min();
+                specs.extend(
+                    by_priority
+                        .into_iter()
+                        .filter(|(p, _)| Some(*p) == first)
+                        .map(|(_, spec)| spec),
+                );
                 // Targets gone from the SRV answer are forgotten with it.
                 self.targets = seen;
                 if let (true, Some(e)) = (specs.is_empty(), last_error) {
