@@ -26,6 +26,9 @@ pub struct Router {
     pub balance: Balance,
     ring: RingConfig,
     outlier: OutlierPolicy,
+    /// Makes the count of peers out and the ejection it allows one step: two failures at once
+    /// must not each see room for one more.
+    ejecting: Mutex<()>,
 }
 
 /// Where the peers come from: the source's list, and the models peers that list none said
@@ -76,6 +79,7 @@ impl Router {
             balance: settings.balance,
             ring: settings.ring,
             outlier: settings.outlier,
+            ejecting: Mutex::new(()),
         }
     }
 
@@ -92,11 +96,19 @@ impl Router {
     /// Counts a failed request (connect error or gateway answer) against `peer`. Returns the ejection
     /// it caused, if it caused one.
     pub fn peer_failed(&self, peer: &Peer) -> Option<Duration> {
-        let cluster = self.cluster();
-        let ejected = cluster.peers().iter().filter(|p| p.ejected()).count();
-        let may_eject = self.outlier.may_eject(ejected, cluster.peers().len());
-        let backoff = peer.record_failure(&self.outlier, may_eject)?;
-        drop(cluster);
+        let backoff = {
+            let _one_at_a_time = self.ejecting.lock().unwrap_or_else(|p| p.into_inner());
+            let cluster = self.cluster();
+            // The share out is of the peers that would serve but for an ejection: counting
+            // down or draining ones, which serve nothing, would let every serving one go.
+            let (members, ejected) = cluster
+                .peers()
+                .iter()
+                .filter(|p| p.healthy() && !p.draining())
+                .fold((0, 0), |(m, e), p| (m + 1, e + usize::from(p.ejected())));
+            let may_eject = self.outlier.may_eject(ejected, members);
+            peer.record_failure(&self.outlier, may_eject)?
+        };
         self.refresh();
         Some(backoff)
     }

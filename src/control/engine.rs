@@ -30,6 +30,15 @@ const WAITING: &[&str] = &[
     "sglang:num_queue_reqs",
     "llamacpp:requests_deferred",
 ];
+/// Counters of work done: tokens prefilled and generated (vLLM's at each engine step), or
+/// decode calls (llama.cpp's). Summed: only whether the sum grows matters.
+const WORK: &[&str] = &[
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "sglang:prompt_tokens_total",
+    "sglang:generation_tokens_total",
+    "llamacpp:n_decode_total",
+];
 const KV_CACHE: &[&str] = &[
     "vllm:kv_cache_usage_perc",
     "vllm:gpu_cache_usage_perc",
@@ -113,6 +122,7 @@ pub fn parse(page: &str) -> Result<EngineReport, String> {
             .filter_map(|s| match &s.value {
                 openmetrics_parser::PrometheusValue::Gauge(v)
                 | openmetrics_parser::PrometheusValue::Unknown(v) => Some(v.as_f64()),
+                openmetrics_parser::PrometheusValue::Counter(c) => Some(c.value.as_f64()),
                 _ => None,
             })
             .filter(|v| v.is_finite() && *v >= 0.0)
@@ -127,6 +137,7 @@ pub fn parse(page: &str) -> Result<EngineReport, String> {
         running: count(running),
         waiting: count(waiting),
         kv_cache_usage: values(KV_CACHE).into_iter().reduce(f64::max),
+        work: values(WORK).into_iter().reduce(|a, b| a + b),
     })
 }
 
@@ -162,7 +173,8 @@ mod tests {
             Ok(EngineReport {
                 running: 2,
                 waiting: 1,
-                kv_cache_usage: Some(0.4375)
+                kv_cache_usage: Some(0.4375),
+                work: Some(9240.0)
             })
         );
         // Idle, vLLM counts the cached free blocks as unused: the gauge reads 0, which is a
@@ -172,7 +184,8 @@ mod tests {
             Ok(EngineReport {
                 running: 0,
                 waiting: 0,
-                kv_cache_usage: Some(0.0)
+                kv_cache_usage: Some(0.0),
+                work: Some(9240.0)
             })
         );
     }
@@ -184,7 +197,8 @@ mod tests {
             Ok(EngineReport {
                 running: 2,
                 waiting: 1,
-                kv_cache_usage: None
+                kv_cache_usage: None,
+                work: Some(93.0)
             })
         );
     }
@@ -197,7 +211,8 @@ mod tests {
             Ok(EngineReport {
                 running: 5,
                 waiting: 7,
-                kv_cache_usage: Some(0.5)
+                kv_cache_usage: Some(0.5),
+                work: None
             })
         );
     }
@@ -210,9 +225,16 @@ mod tests {
             Ok(EngineReport {
                 running: 4,
                 waiting: 0,
-                kv_cache_usage: Some(0.5)
+                kv_cache_usage: Some(0.5),
+                work: None
             })
         );
+    }
+
+    #[test]
+    fn the_counts_of_work_are_summed_over_their_names() {
+        let page = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model_name=\"a\"} 100\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{model_name=\"a\"} 7\n";
+        assert_eq!(parse(page).unwrap().work, Some(107.0));
     }
 
     #[test]

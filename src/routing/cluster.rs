@@ -80,8 +80,9 @@ impl Cluster {
         let mut retired = Vec::with_capacity(known.len());
         for gone in known.into_values() {
             gone.set_removed(true);
-            // What others carry on a peer no longer routed to bounds nothing.
-            gone.set_external(0);
+            // What others carry on a peer no longer routed to bounds nothing, and nothing
+            // would update it: left, it would hold the peer among the left-out for good.
+            gone.clear_external();
             retired.push(Arc::downgrade(&gone));
         }
         let cluster = Self { retired, ..next };

@@ -16,6 +16,11 @@ pub struct EngineReport {
     pub waiting: u32,
     /// KV cache in use, 0 to 1, when the engine reports it.
     pub kv_cache_usage: Option<f64>,
+    /// The engine's own count of work done since it started (tokens prefilled and generated,
+    /// or decode steps), when it reports one: while it grows the engine is working, whether or
+    /// not its answers have sent a byte yet (an answer that does not stream sends none until
+    /// it is whole).
+    pub work: Option<f64>,
 }
 
 /// One peer's engine as the balancer knows it.
@@ -60,8 +65,9 @@ pub struct CacheReport {
 }
 
 impl Engine {
-    /// Keeps the last scrape's figures (`None`: it failed) and what they show of the capacity.
-    pub fn report(&self, figures: Option<EngineReport>) {
+    /// Keeps the last scrape's figures (`None`: it failed) and what they show of the capacity;
+    /// true when the engine's count of work grew since the report before.
+    pub fn report(&self, figures: Option<EngineReport>) -> bool {
         if let Some(f) = figures {
             // Only a queue proves the engine full; until one is seen its capacity is unknown,
             // and what it runs says nothing of what it could.
@@ -76,7 +82,9 @@ impl Engine {
             self.capacity.store(capacity, Ordering::Relaxed);
         }
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let before = last.and_then(|(f, _)| f.work);
         *last = figures.map(|f| (f, Instant::now()));
+        matches!((before, figures.and_then(|f| f.work)), (Some(b), Some(now)) if now > b)
     }
 
     /// The last figures and how old they are, if the last scrape gave any.
@@ -166,6 +174,7 @@ mod tests {
             running,
             waiting,
             kv_cache_usage: None,
+            work: None,
         })
     }
 

@@ -105,6 +105,13 @@ impl Others {
         self.update(cluster);
     }
 
+    /// Forgets both estimates: the peer is routed to no more, and nothing will update them.
+    pub fn clear(&self, cluster: &ClusterLoad) {
+        self.from_siblings.store(0, Ordering::Relaxed);
+        self.from_engine.store(0, Ordering::Relaxed);
+        self.update(cluster);
+    }
+
     fn update(&self, cluster: &ClusterLoad) {
         let siblings = self.from_siblings.load(Ordering::Relaxed);
         let external = if cluster.siblings.load(Ordering::Relaxed) {

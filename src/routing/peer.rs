@@ -227,19 +227,27 @@ impl Peer {
     pub(crate) fn set_removed(&self, removed: bool) {
         self.removed.store(removed, Ordering::Relaxed);
     }
+    /// Forgets what others carry here: for a peer removed, which no scrape or sibling updates.
+    pub(crate) fn clear_external(&self) {
+        self.others.clear(&self.cluster);
+    }
+
     pub(crate) fn set_external(&self, external: u32) {
         self.others.set_from_siblings(external, &self.cluster);
     }
 
     /// What the engine reported on its last scrape, `None` when that scrape failed: the
-    /// requests it has beyond this process's own count as load carried by others.
+    /// requests it has beyond this process's own count as load carried by others, and its work
+    /// done, which counts as progress as a byte of an answer does.
     pub fn set_engine(&self, figures: Option<EngineReport>) {
         let excess = figures.map_or(0, |f| {
             f.running
                 .saturating_add(f.waiting)
                 .saturating_sub(self.in_flight())
         });
-        self.engine.report(figures);
+        if self.engine.report(figures) {
+            self.progress.advanced();
+        }
         self.others.set_from_engine(excess, &self.cluster);
     }
 

@@ -36,8 +36,16 @@ impl Drop for Engine {
     }
 }
 
+/// What a mock engine's `GET /metrics` answers, made at each read.
+pub(crate) type Page = Arc<dyn Fn() -> String + Send + Sync>;
+
 /// An engine that answers `GET`s (health checks) with 200 and hands each `POST` to `answer`.
 pub(crate) async fn engine(answer: Answer) -> Engine {
+    engine_with_metrics(answer, Arc::new(|| "ok".to_owned())).await
+}
+
+/// The same, whose `GET`s answer `page` (a health check reads only the status).
+pub(crate) async fn engine_with_metrics(answer: Answer, page: Page) -> Engine {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let posts = Arc::new(AtomicUsize::new(0));
@@ -47,8 +55,9 @@ pub(crate) async fn engine(answer: Answer) -> Engine {
             let Ok((conn, _)) = listener.accept().await else {
                 return;
             };
-            let (answer, posts) = (Arc::clone(&answer), Arc::clone(&counted));
-            tokio::spawn(async move { serve(conn, answer, posts).await });
+            let (answer, posts, page) =
+                (Arc::clone(&answer), Arc::clone(&counted), Arc::clone(&page));
+            tokio::spawn(async move { serve(conn, answer, posts, page).await });
         }
     });
     Engine { addr, posts, task }
@@ -56,7 +65,7 @@ pub(crate) async fn engine(answer: Answer) -> Engine {
 
 /// Reads requests off one connection: `GET`s answered at once, kept alive; a `POST` (body
 /// read by its length) handed over with the connection.
-async fn serve(conn: TcpStream, answer: Answer, posts: Arc<AtomicUsize>) {
+async fn serve(conn: TcpStream, answer: Answer, posts: Arc<AtomicUsize>, page: Page) {
     let mut reader = BufReader::new(conn);
     loop {
         let mut head = Vec::new();
@@ -83,7 +92,11 @@ async fn serve(conn: TcpStream, answer: Answer, posts: Arc<AtomicUsize>) {
             answer(reader.into_inner());
             return;
         }
-        let ok = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        let body = page();
+        let ok = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
         if reader.get_mut().write_all(ok.as_bytes()).await.is_err() {
             return;
         }

@@ -120,3 +120,51 @@ fn load_on_peers_left_out_does_not_raise_the_bound() {
     rebuilt.refresh();
     assert_eq!(rebuilt.bound(&BOUNDED, &other), 1);
 }
+
+/// At most half the serving peers are ejected (the default), counted among those that serve:
+/// peers down or draining serve nothing, and counting them would let every serving one go.
+#[test]
+fn ejections_leave_half_the_serving_peers_when_others_are_down() {
+    use prefixlb::router::Router;
+    use prefixlb::settings::RouterSettings;
+    let specs = uniform(4, UNLIMITED);
+    let router = Router::new(RouterSettings::default(), &specs);
+    let ids: Vec<String> = specs.iter().map(|s| s.addr.to_string()).collect();
+    let cluster = router.cluster();
+    cluster.set_healthy(&ids[0], false);
+    cluster.set_draining(&ids[1], true);
+    let (a, b) = (
+        cluster.peer(&ids[2]).unwrap(),
+        cluster.peer(&ids[3]).unwrap(),
+    );
+    // Five failures in a row eject a peer (the default); both serving peers fail alike.
+    let mut ejections = 0;
+    for _ in 0..5 {
+        for p in [a, b] {
+            ejections += usize::from(router.peer_failed(p).is_some());
+        }
+    }
+    assert_eq!(ejections, 1);
+    assert!(a.ejected() != b.ejected(), "one of the two still serves");
+}
+
+/// What the engine said it carried beyond this process's requests is forgotten with a removed
+/// peer: nothing scrapes it any more, and the count would keep it among the peers whose load
+/// the bound leaves out, for good.
+#[test]
+fn a_removed_peer_keeps_no_load_of_others() {
+    let specs = uniform(2, UNLIMITED);
+    let cluster = Cluster::new(&specs, RingConfig::default());
+    let gone = Arc::clone(&cluster.peers()[1]);
+    gone.set_engine(Some(EngineReport {
+        running: 5,
+        waiting: 2,
+        kv_cache_usage: None,
+        work: None,
+    }));
+    assert_eq!(gone.external(), 7);
+    let rebuilt = cluster.rebuild(&specs[..1], RingConfig::default());
+    assert!(gone.removed());
+    assert_eq!(gone.external(), 0);
+    assert_eq!(rebuilt.load().external(), 0);
+}

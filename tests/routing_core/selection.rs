@@ -189,6 +189,36 @@ fn round_robin_follows_weights_and_least_in_flight_levels() {
     drop(held);
 }
 
+#[test]
+fn least_in_flight_passes_over_a_wedged_peer_however_light() {
+    let specs = vec![spec(0, 1, UNLIMITED), spec(1, 3, UNLIMITED)];
+    let cluster = Cluster::new(&specs, RingConfig::default());
+    let lif = Balance {
+        policy: Policy::LeastInFlight,
+        balance_factor: None,
+        cost: CostModel::DEFAULT,
+    };
+    let (light, heavy) = (
+        cluster.peer(&specs[0].addr.to_string()).unwrap(),
+        cluster.peer(&specs[1].addr.to_string()).unwrap(),
+    );
+    let mut held = vec![light.take()];
+    held.extend((0..4).map(|_| heavy.take()));
+    // One request on it and no byte for longer than the limit: wedged, at 1 per weight against
+    // the other's 4 per 3.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert!(light
+        .check_progress(std::time::Duration::from_millis(1))
+        .is_some());
+    assert!(light.wedged());
+    let routed = cluster
+        .select(&lif, None, &[])
+        .routed()
+        .expect("the other peer");
+    assert!(Arc::ptr_eq(routed.slot.peer(), heavy));
+    drop(held);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 

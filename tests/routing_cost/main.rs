@@ -112,11 +112,13 @@ pub(crate) fn known_slots(peer: &Peer, slots: u32) {
         running: slots,
         waiting: 1,
         kv_cache_usage: None,
+        work: None,
     }));
     // The queue is gone; what it taught of the slots stays.
     peer.set_engine(Some(EngineReport {
         running: 0,
         waiting: 0,
         kv_cache_usage: None,
+        work: None,
     }));
 }

@@ -88,6 +88,7 @@ fn run(cluster: &Cluster, ops: &[Op], engine: bool) -> Result<Vec<Option<String>
                     running,
                     waiting,
                     kv_cache_usage: None,
+                    work: None,
                 }));
             }
             _ => {}

@@ -14,7 +14,8 @@ pub fn select(view: &View) -> Decision {
         let mut any = false;
         for peer in view.peers.iter().filter(|p| view.usable(p)) {
             any = true;
-            if peer.load() >= peer.max_in_flight() {
+            // A wedged peer takes nothing however light: chosen, it would refuse every try.
+            if peer.wedged() || peer.load() >= peer.max_in_flight() {
                 continue;
             }
             let lighter = best.is_none_or(|b| {
