@@ -138,15 +138,19 @@ fn run(cli: Cli) -> Result<std::convert::Infallible, String> {
         &upgrade_sock,
         successor,
     ));
-    server.add_service(background_service(
-        "shared in-flight counts",
-        Publisher(Arc::clone(&shared)),
-    ));
     // The sockets of an upgrade are taken by a service, after daemonizing: `-u -d` returns at
     // once and leaves the daemon waiting for them, so the old process can be told to hand them
     // over next (the unit's order). Taken before `run`, they would block the launcher until the
     // old process, not yet told, sent them.
     let bootstrap = server.bootstrap_as_a_service();
+    // Once the sockets are here: a successor that published before, and found itself alone in
+    // the file for a second because the old process was told late, would leave sharing for good.
+    server
+        .add_service(background_service(
+            "shared in-flight counts",
+            Publisher(Arc::clone(&shared)),
+        ))
+        .add_dependency(&bootstrap);
 
     let mut lb = PrefixLb::new(
         Arc::clone(&router),

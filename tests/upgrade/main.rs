@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod late_quit;
 mod replica_port;
 mod systemd;
 mod under_load;
