@@ -109,7 +109,12 @@ impl Router {
             let may_eject = self.outlier.may_eject(ejected, members);
             peer.record_failure(&self.outlier, may_eject)?
         };
-        self.refresh();
+        // On the request path: not behind a rebuild that holds the membership lock while it
+        // places a ring's points. That rebuild counts the ejection in the cluster it stores if
+        // it came first, and the control plane's tick (every reload interval) if not.
+        if let Ok(_one_at_a_time) = self.membership.try_lock() {
+            self.cluster().refresh();
+        }
         Some(backoff)
     }
 
@@ -125,6 +130,12 @@ impl Router {
     pub fn refresh(&self) {
         let _one_at_a_time = self.membership.lock().unwrap_or_else(|p| p.into_inner());
         self.cluster().refresh();
+    }
+
+    /// [`Cluster::refresh_and_wake`] (ejections ran out), in turn with membership changes.
+    pub fn refresh_and_wake(&self) {
+        let _one_at_a_time = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        self.cluster().refresh_and_wake();
     }
 
     /// Drains a peer or takes it back; false when it is not a member. In turn with membership

@@ -183,7 +183,7 @@ impl ControlPlane {
             };
             // Ejections end by the clock, with nobody told: count the peers back in, and let
             // the waiting line look again.
-            self.router.cluster().refresh_and_wake();
+            self.router.refresh_and_wake();
             if let Err(e) = self.reload(force).await {
                 log::error!("peers from {label} not reloaded, keeping the current ones: {e}");
             }
