@@ -214,6 +214,16 @@ impl ApiError {
         Bytes::from(event)
     }
 
+    /// The error as the last event of a Messages API stream: a named `error` event in
+    /// Anthropic's shape, as its SDKs read one (they pass over events without a name).
+    pub fn messages_stream_event(&self) -> Bytes {
+        let v = serde_json::json!({
+            "type": "error",
+            "error": { "type": "api_error", "message": self.message }
+        });
+        Bytes::from(format!("event: error\ndata: {v}\n\n"))
+    }
+
     pub fn body(&self) -> Bytes {
         let v = serde_json::json!({
             "error": { "message": self.message, "type": self.kind, "code": self.code }
@@ -289,11 +299,13 @@ pub fn status_for(e: &Error) -> u16 {
         _ => match e.esource() {
             ErrorSource::Upstream => 502,
             ErrorSource::Downstream => match e.etype() {
-                // Gone, or not reading: nothing more can be told to it.
+                // Gone, or not reading: nothing more can be told to it. On HTTP/2 a client
+                // that leaves resets its stream, which Pingora reports as an H2 error.
                 ErrorType::WriteError
                 | ErrorType::WriteTimedout
                 | ErrorType::ReadError
-                | ErrorType::ConnectionClosed => 0,
+                | ErrorType::ConnectionClosed
+                | ErrorType::H2Error => 0,
                 ErrorType::ReadTimedout => 408,
                 _ => 400,
             },

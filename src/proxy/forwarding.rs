@@ -71,13 +71,15 @@ impl Forwarding {
         })
     }
 
-    /// Adds what the engine should know of the client to the request sent upstream. An
-    /// incoming `X-Forwarded-For` is kept (and appended to) only from a trusted proxy: from
-    /// anyone else it is whatever they chose to write.
+    /// Adds what the engine should know of the client to the request sent upstream (`tls`:
+    /// the client reached this proxy over TLS). An incoming `X-Forwarded-For` is kept (and
+    /// appended to) only from a trusted proxy: from anyone else it is whatever they chose to
+    /// write.
     pub fn apply(
         &self,
         upstream: &mut RequestHeader,
         client: Option<IpAddr>,
+        tls: bool,
         request_id: Option<&str>,
     ) -> pingora::Result<()> {
         let trusted = client.is_some_and(|ip| {
@@ -103,7 +105,7 @@ impl Forwarding {
             upstream.insert_header(X_FORWARDED_FOR, chain)?;
         }
         if !(trusted && upstream.headers.contains_key(&X_FORWARDED_PROTO)) {
-            upstream.insert_header(X_FORWARDED_PROTO, "http")?;
+            upstream.insert_header(X_FORWARDED_PROTO, if tls { "https" } else { "http" })?;
         }
         if let (Some(name), Some(id)) = (&self.settings.request_id_header, request_id) {
             upstream.insert_header(name.clone(), id)?;
@@ -187,7 +189,7 @@ mod tests {
         let f = forwarding(&["10.0.0.0/8"], None);
         let (proxy, stranger) = ("10.1.2.3".parse().ok(), "192.0.2.7".parse().ok());
         let mut from_proxy = upstream(Some("198.51.100.1"));
-        f.apply(&mut from_proxy, proxy, Some("r1")).unwrap();
+        f.apply(&mut from_proxy, proxy, false, Some("r1")).unwrap();
         assert_eq!(
             header(&from_proxy, "x-forwarded-for"),
             Some("198.51.100.1, 10.1.2.3")
@@ -195,9 +197,19 @@ mod tests {
         assert_eq!(header(&from_proxy, "x-forwarded-proto"), Some("https"));
         assert_eq!(header(&from_proxy, "x-request-id"), Some("r1"));
         let mut forged = upstream(Some("127.0.0.1"));
-        f.apply(&mut forged, stranger, None).unwrap();
+        f.apply(&mut forged, stranger, false, None).unwrap();
         assert_eq!(header(&forged, "x-forwarded-for"), Some("192.0.2.7"));
         assert_eq!(header(&forged, "x-forwarded-proto"), Some("http"));
+        // Over TLS to this proxy, said so; a trusted proxy's own word stands.
+        let mut over_tls = upstream(None);
+        f.apply(&mut over_tls, stranger, true, None).unwrap();
+        assert_eq!(header(&over_tls, "x-forwarded-proto"), Some("https"));
+        let mut from_proxy = upstream(None);
+        from_proxy
+            .insert_header("x-forwarded-proto", "http")
+            .unwrap();
+        f.apply(&mut from_proxy, proxy, true, None).unwrap();
+        assert_eq!(header(&from_proxy, "x-forwarded-proto"), Some("http"));
     }
 
     #[test]

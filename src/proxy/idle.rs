@@ -11,7 +11,10 @@
 //! head timeout (`proxy.client_header_timeout_ms`): Pingora's own reads time out one by one
 //! (60 s each), so a client that sent its head a byte at a time held the connection for ever.
 //! HTTP/2 connections (h2c, or TLS with `h2` agreed) take Pingora's own loop: one such
-//! connection is one session for all its streams.
+//! connection is one session for all its streams. With h2c, a plain connection's first bytes
+//! are read here too, within the same limits, and handed back to the socket when they are
+//! HTTP/2's preface: Pingora's own look for it waits for 24 bytes with no limit, which held
+//! a short HTTP/1.0 request, or a silent client, for ever.
 
 use std::fmt::{self, Write as _};
 use std::pin::Pin;
@@ -23,6 +26,7 @@ use async_trait::async_trait;
 use bytes::{BufMut, BytesMut};
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
+use pingora::protocols::l4::stream::Stream as PlainStream;
 use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
@@ -31,8 +35,11 @@ use super::error::ApiError;
 use crate::metrics;
 
 /// Pingora's own limits, kept: a new connection's first request must begin within its read
-/// timeout, a reused one's within its keep-alive timeout; both are 60 s.
-const IDLE_LIMIT: Duration = Duration::from_secs(60);
+/// timeout, a reused one's within its keep-alive timeout; both are 60 s. An HTTP/2
+/// connection without a stream is closed after as long.
+pub(crate) const IDLE_LIMIT: Duration = Duration::from_secs(60);
+/// What an HTTP/2 client sends first without ALPN (RFC 9113, 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The head buffer Pingora would have started with (`INIT_HEADER_BUF_SIZE`).
 const HEAD_BUFFER: usize = 4096;
 /// Pingora's largest head (`MAX_HEADER_SIZE`): one this long goes to it as it is, to be refused.
@@ -69,9 +76,11 @@ where
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         // Without ALPN or with `http/1.1` agreed, Pingora too takes the connection as HTTP/1.
-        if self.h2c || !matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1)) {
+        if !matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1)) {
             return ServerApp::process_new(&self.app, stream, shutdown).await;
         }
+        // h2c is for plain connections, and shows in a connection's first bytes only.
+        let mut h2c = self.h2c && stream.get_ssl_digest().is_none();
         let mut carried: Option<HttpPersistentSettings> = None;
         loop {
             // Bytes the last request's read took past its end are this one's start: the client
@@ -79,7 +88,16 @@ where
             let first = if carried.as_ref().is_some_and(holds_pipelined_bytes) {
                 None
             } else {
-                let first = first_bytes(&mut stream).await?;
+                let mut first = first_bytes(&mut stream).await?;
+                if std::mem::take(&mut h2c) {
+                    first = self.preface(&mut stream, first).await?;
+                    if first.starts_with(H2_PREFACE) {
+                        // Given back to the socket, for Pingora's own look and its HTTP/2.
+                        let mut plain = stream.into_any().downcast::<PlainStream>().ok()?;
+                        plain.rewind(&first);
+                        return ServerApp::process_new(&self.app, plain, shutdown).await;
+                    }
+                }
                 Some(self.rest_of_head(&mut stream, first).await?)
             };
             let mut session = ServerSession::new_http1(stream);
@@ -110,6 +128,25 @@ where
 }
 
 impl<A> IdleConnections<A> {
+    /// `read` and what follows it while that is the start of HTTP/2's preface and shorter,
+    /// read within the head timeout; `None` when the client closes or lets it pass. An HTTP/1
+    /// request parts from the preface at its first or second byte.
+    async fn preface(&self, stream: &mut Stream, mut read: BytesMut) -> Option<BytesMut> {
+        let deadline = tokio::time::Instant::now() + self.head_timeout;
+        while read.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&read) {
+            read.reserve(HEAD_BUFFER);
+            let mut limited = (&mut read).limit(HEAD_BUFFER);
+            let n = tokio::time::timeout_at(deadline, stream.read_buf(&mut limited))
+                .await
+                .ok()?
+                .ok()?;
+            if n == 0 {
+                return None;
+            }
+        }
+        Some(read)
+    }
+
     /// `head` and what follows it up to the end of the request's head (most heads end within
     /// the first read, and take no more), read within the head timeout from the request line's
     /// first byte; `None` when the client closes, stays silent or lets the timeout pass, which

@@ -8,7 +8,7 @@ use std::os::fd::RawFd;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
-use pingora::{Error, ErrorType};
+use pingora::{Error, ErrorSource, ErrorType};
 
 use super::client::final_response;
 use super::ctx::RequestCtx;
@@ -16,6 +16,7 @@ use super::error::ApiError;
 use super::lb::PrefixLb;
 use super::stall::StallGuard;
 use crate::metrics;
+use crate::routing::BodyKind;
 
 impl PrefixLb {
     /// The engine's response header came.
@@ -70,18 +71,29 @@ impl PrefixLb {
             return;
         }
         let upstream = &self.settings.upstream;
+        let from_engine = e.esource() == &ErrorSource::Upstream;
         let (reason, api) = if ctx.stall.as_ref().is_some_and(StallGuard::fired) {
             (
                 "stalled",
                 ApiError::stream_stalled(upstream.stream_idle_timeout),
             )
-        } else if e.etype() == &ErrorType::ReadTimedout {
+        } else if from_engine && e.etype() == &ErrorType::ReadTimedout {
             ("stalled", ApiError::stream_stalled(upstream.read_timeout))
-        } else {
+        } else if from_engine {
             ("broken", ApiError::stream_broken(e))
+        } else {
+            // The client's side failed: nothing of the engine's to count or to tell.
+            return;
         };
         metrics::STREAM_ERRORS.with_label_values(&[reason]).inc();
-        let event = api.stream_event();
+        let head = session.req_header();
+        let event = if self.router.keys.body_kind(&head.method, head.uri.path())
+            == Some(BodyKind::Messages)
+        {
+            api.messages_stream_event()
+        } else {
+            api.stream_event()
+        };
         let whole = session.as_downstream().is_http2();
         if let Err(write) = session.write_response_body(Some(event), whole).await {
             log::debug!("could not send the stream's error event: {write}");

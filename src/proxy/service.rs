@@ -68,11 +68,12 @@ where
     SV::CTX: Send + Sync,
 {
     let mut proxy = pingora::proxy::http_proxy(conf, proxy);
-    if h2c {
-        let mut options = HttpServerOptions::default();
-        options.h2c = true;
-        proxy.server_options = Some(options);
-    }
+    let mut options = HttpServerOptions::default();
+    options.h2c = h2c;
+    // Pingora closes an idle HTTP/2 connection only when told after how long (h2c, or `h2` by
+    // ALPN over TLS): as long as an idle HTTP/1 one.
+    options.h2_idle_timeout = Some(super::idle::IDLE_LIMIT);
+    proxy.server_options = Some(options);
     let inner = Arc::new(proxy);
     Service::new(
         "prefixlb proxy".into(),

@@ -35,9 +35,11 @@ impl PrefixLb {
         if self.auth.as_ref().is_some_and(|a| !a.forward_key) {
             upstream_request.remove_header(&http::header::AUTHORIZATION);
         }
+        let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
         self.forwarding.apply(
             upstream_request,
             client_ip(session),
+            tls,
             ctx.request_id.as_deref(),
         )?;
         super::trace::propagate(ctx, upstream_request)?;

@@ -78,6 +78,13 @@ async fn a_reset_http2_stream_frees_its_slot_and_leaves_the_connection_up() {
         .await;
     assert_eq!(again.status(), 200);
     proxy.assert_idle().await;
+    // The client left: no engine's stream broke.
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        sample(&metrics, "prefixlb_stream_errors_total{reason=\"broken\"}"),
+        0.0,
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -56,6 +56,53 @@ async fn a_stream_that_stalls_half_way_ends_with_an_error_event_and_frees_its_sl
     );
 }
 
+/// A Messages API stream ends in Anthropic's own shape, a named `error` event, which its SDKs
+/// read (they pass over events without a name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_messages_stream_that_stalls_ends_with_a_named_error_event() {
+    let stalling: Answer = Arc::new(|mut conn| {
+        tokio::spawn(async move {
+            let _ = conn.write_all(SSE_HEAD.as_bytes()).await;
+            let start = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n";
+            let _ = conn.write_all(&chunk(start)).await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(conn);
+        })
+    });
+    let engine = engine(stalling).await;
+    let cfg = TestConfig::new()
+        .peers_at([engine.addr])
+        .stream_idle_timeout_ms(300)
+        .wedge_after_ms(0);
+    let proxy = start_proxy(&cfg).await;
+    let body =
+        r#"{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"q"}]}"#;
+    let r = client()
+        .post(proxy.url("/v1/messages"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (body, end) = read_body(r).await;
+    assert!(end.is_err(), "the stream looked whole: {body}");
+    let last = body.trim_end().rsplit("\n\n").next().unwrap();
+    let data = last
+        .strip_prefix("event: error\ndata: ")
+        .unwrap_or_else(|| panic!("no named error event: {body}"));
+    let v: serde_json::Value = serde_json::from_str(data).unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "api_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sent nothing"),
+        "{v}"
+    );
+    proxy.assert_idle().await;
+}
+
 /// The limit starts at the first byte of the answer: a prefill longer than it is not cut,
 /// nor is a stream whose bytes come slower than the limit would allow in all but never that
 /// far apart (a byte every third of the limit).

@@ -266,12 +266,40 @@ async fn a_body_that_trickles_in_gets_408_at_the_peek_deadline() {
 /// time is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_that_trickles_in_gets_408_at_the_head_timeout() {
+    trickled_heads_get_408(false).await;
+}
+
+/// With h2c on, a plain connection's first bytes are looked at for HTTP/2's preface within the
+/// same limits: HTTP/1 heads get the same 408, and a request shorter than the preface is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_h2c_a_trickled_head_gets_408_and_a_short_request_is_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let proxy = trickled_heads_get_408(true).await;
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // 22 bytes, fewer than the preface's 24.
+    s.write_all(b"GET /ping HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer to a short HTTP/1.0 request");
+    assert!(
+        answer.starts_with(b"HTTP/1."),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
+/// Heads sent a line at a time get a 408 at the head timeout; one in two pieces in time is
+/// served. The proxy, with `h2c` as asked.
+async fn trickled_heads_get_408(h2c: bool) -> Proxy {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let up = start_upstream("a").await;
-    let cfg = TestConfig::new()
+    let mut cfg = TestConfig::new()
         .peers(&[&up])
         .client_header_timeout_ms(600)
         .no_health_check();
+    if h2c {
+        cfg = cfg.h2c();
+    }
     let proxy = start_proxy(&cfg).await;
 
     // Straight away, and after empty lines (which Pingora skips before a request line).
@@ -341,4 +369,5 @@ async fn a_head_that_trickles_in_gets_408_at_the_head_timeout() {
     s.read_to_end(&mut answer).await.unwrap();
     assert!(answer.starts_with(b"HTTP/1.1 200 "));
     proxy.assert_idle().await;
+    proxy
 }

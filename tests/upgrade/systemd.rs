@@ -151,13 +151,14 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
         r.is_ok_and(|r| r.status() == 200)
     };
     wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
+    // Named first, so that the daemon is stopped whatever fails after.
+    let first = daemon.pid();
     assert!(serves().await);
     // The daemon writes its access log: its writer is started after the fork, which no
     // thread survives.
     let logged = access_lines(dir.path(), 1).await;
 
     // A good reload: a new process takes over and the old one leaves.
-    let first = daemon.pid();
     assert!(
         run_all(
             &unit_commands("ExecReload", dir.path(), &real, first),
@@ -244,8 +245,8 @@ async fn a_daemon_whose_configuration_names_relative_paths_takes_its_changes() {
         &unit_commands("ExecStart", dir.path(), &binary(), 0),
         dir.path()
     ));
-    let _daemon = Daemon(dir.path().join("prefixlb.pid"), Default::default());
-    _daemon.pid();
+    let daemon = Daemon(dir.path().join("prefixlb.pid"), Default::default());
+    daemon.pid();
     wait_listening(format!("127.0.0.1:{port}").parse().unwrap(), "prefixlb").await;
     let url = format!("http://127.0.0.1:{port}/v1/completions");
     let serves = || async {
