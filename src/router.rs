@@ -112,7 +112,12 @@ impl Router {
         // On the request path: not behind a rebuild that holds the membership lock while it
         // places a ring's points. That rebuild counts the ejection in the cluster it stores if
         // it came first, and the control plane's tick (every reload interval) if not.
-        if let Ok(_one_at_a_time) = self.membership.try_lock() {
+        let free = match self.membership.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if let Some(_one_at_a_time) = free {
             self.cluster().refresh();
         }
         Some(backoff)

@@ -73,11 +73,9 @@ where
     lifecycle::ignore_until_running();
     let mut cli = Cli::parse_from(args);
     // A daemon runs from /: reloads must find the files the command line and the
-    // configuration meant, taken from here.
-    crate::config::paths::start_dir();
-    if let Ok(absolute) = std::fs::canonicalize(&cli.lb_conf) {
-        cli.lb_conf = absolute;
-    }
+    // configuration meant, taken from here (this first call pins the directory for every
+    // later one). Not resolved through symlinks, which a ConfigMap's update repoints.
+    cli.lb_conf = crate::config::paths::absolute(&cli.lb_conf);
     let Err(e) = run(cli);
     eprintln!("prefixlb: {e}");
     ExitCode::FAILURE

@@ -84,7 +84,6 @@ pub fn refusal(headers: &HeaderMap, token_checked: bool) -> Option<&'static str>
     None
 }
 
-/// Whether `authority`'s host is one no DNS answer decides: an IP address or `localhost`.
 /// Whether a request's `Host` is a name (not an address literal or `localhost`): with no admin
 /// token, a page of the name's owner could have had the browser rebind it to this listener,
 /// and read what it answers as its own. A request without `Host` (HTTP/1.0) is no browser's.
@@ -94,6 +93,7 @@ pub fn host_rebindable(headers: &HeaderMap) -> bool {
         .is_some_and(|h| !h.to_str().is_ok_and(is_address_literal))
 }
 
+/// Whether `authority`'s host is one no DNS answer decides: an IP address or `localhost`.
 fn is_address_literal(authority: &str) -> bool {
     if let Some(rest) = authority.strip_prefix('[') {
         return rest

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// The directory prefixlb started in, as it was at the first call: `main` makes that call
-/// before a daemon forks and moves to `/`.
-pub fn start_dir() -> &'static Path {
+/// (through [`absolute`], on the configuration's path) before a daemon forks and moves to `/`.
+fn start_dir() -> &'static Path {
     static START: OnceLock<PathBuf> = OnceLock::new();
     START.get_or_init(|| std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")))
 }

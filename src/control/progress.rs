@@ -32,7 +32,7 @@ impl ProgressWatch {
             match peer.check_progress(self.limit) {
                 Some(Change::Wedged(silent)) => log::warn!(
                     "peer {} is wedged: {} requests on it and no byte from it for {} ms; \
-                     no new request goes to it until it sends again",
+                     no new request goes to it until it moves again",
                     peer.id(),
                     peer.in_flight(),
                     silent.as_millis()

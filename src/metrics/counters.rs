@@ -83,7 +83,7 @@ metric!(ENGINE_SCRAPE_FAILURES: IntCounter = register_int_counter!(
 ));
 metric!(REPLICA_MESSAGES: IntCounterVec = register_int_counter_vec!(
     "prefixlb_replica_messages_total",
-    "The replicas' exchange of where prompts went: datagrams sent (each to every other replica), prompts heard; datagrams refused (from an address not listed), forged (a signature that does not match), replayed (heard before, or older than the window), stale (sent more than 30 s from this clock) or unsigned (not signed with a key this process holds)",
+    "The replicas' exchange of where prompts went: datagrams sent (each to every other replica), prompts heard; datagrams refused (from an address not listed), forged (a signature that does not match), replayed (heard before, or older than the window), stale (sent more than 30 s from this clock) or unsigned (not signed with a key this process holds, or in an older version's format)",
     &["event"]
 ));
 metric!(RELOADS: IntCounterVec = register_int_counter_vec!(

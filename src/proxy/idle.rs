@@ -33,6 +33,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
 use super::error::ApiError;
 use crate::metrics;
+use head::{Head, HeadScan, HEAD_LIMIT};
+
+mod head;
 
 /// Pingora's own limits, kept: a new connection's first request must begin within its read
 /// timeout, a reused one's within its keep-alive timeout; both are 60 s. An HTTP/2
@@ -42,10 +45,6 @@ pub(crate) const IDLE_LIMIT: Duration = Duration::from_secs(60);
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The head buffer Pingora would have started with (`INIT_HEADER_BUF_SIZE`).
 const HEAD_BUFFER: usize = 4096;
-/// Pingora's largest head (`MAX_HEADER_SIZE`): one this long goes to it as it is, to be refused.
-const HEAD_LIMIT: usize = 1_048_575;
-/// Pingora's most headers (`MAX_HEADERS`) and the request line: past them, the same.
-const MAX_HEAD_LINES: usize = 256 + 1;
 /// How long a client that let its head time out has to take its 408.
 const LINGER: Duration = Duration::from_secs(1);
 
@@ -89,16 +88,20 @@ where
                 None
             } else {
                 let mut first = first_bytes(&mut stream).await?;
+                let mut deadline = None;
                 if std::mem::take(&mut h2c) {
-                    first = self.preface(&mut stream, first).await?;
+                    (first, deadline) = self.preface(&mut stream, first).await?;
                     if first.starts_with(H2_PREFACE) {
                         // Given back to the socket, for Pingora's own look and its HTTP/2.
-                        let mut plain = stream.into_any().downcast::<PlainStream>().ok()?;
+                        let Ok(mut plain) = stream.into_any().downcast::<PlainStream>() else {
+                            log::warn!("h2c: a plain connection's stream is of another kind");
+                            return None;
+                        };
                         plain.rewind(&first);
                         return ServerApp::process_new(&self.app, plain, shutdown).await;
                     }
                 }
-                Some(self.rest_of_head(&mut stream, first).await?)
+                Some(self.rest_of_head(&mut stream, first, deadline).await?)
             };
             let mut session = ServerSession::new_http1(stream);
             match carried {
@@ -129,31 +132,43 @@ where
 
 impl<A> IdleConnections<A> {
     /// `read` and what follows it while that is the start of HTTP/2's preface and shorter,
-    /// read within the head timeout; `None` when the client closes or lets it pass. An HTTP/1
-    /// request parts from the preface at its first or second byte.
-    async fn preface(&self, stream: &mut Stream, mut read: BytesMut) -> Option<BytesMut> {
-        let deadline = tokio::time::Instant::now() + self.head_timeout;
+    /// with the head timeout's deadline when it had to wait for more: an HTTP/1 head goes on
+    /// under the same one. `None` when the client closes, or lets the timeout pass (then told
+    /// so with a 408). An HTTP/1 request parts from the preface at its first or second byte.
+    async fn preface(
+        &self,
+        stream: &mut Stream,
+        mut read: BytesMut,
+    ) -> Option<(BytesMut, Option<tokio::time::Instant>)> {
+        let mut deadline = None;
         while read.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&read) {
+            let until =
+                *deadline.get_or_insert_with(|| tokio::time::Instant::now() + self.head_timeout);
             read.reserve(HEAD_BUFFER);
             let mut limited = (&mut read).limit(HEAD_BUFFER);
-            let n = tokio::time::timeout_at(deadline, stream.read_buf(&mut limited))
-                .await
-                .ok()?
-                .ok()?;
-            if n == 0 {
-                return None;
+            match tokio::time::timeout_at(until, stream.read_buf(&mut limited)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(_) => return None,
+                Err(_) => {
+                    self.refuse_slow_head(stream).await;
+                    return None;
+                }
             }
         }
-        Some(read)
+        Some((read, deadline))
     }
 
     /// `head` and what follows it up to the end of the request's head (most heads end within
     /// the first read, and take no more), read within the head timeout from the request line's
-    /// first byte; `None` when the client closes, stays silent or lets the timeout pass, which
-    /// it is told with a 408.
-    async fn rest_of_head(&self, stream: &mut Stream, mut head: BytesMut) -> Option<BytesMut> {
+    /// first byte (or by `deadline`, when the look for HTTP/2's preface set one); `None` when
+    /// the client closes, stays silent or lets the timeout pass, which it is told with a 408.
+    async fn rest_of_head(
+        &self,
+        stream: &mut Stream,
+        mut head: BytesMut,
+        mut deadline: Option<tokio::time::Instant>,
+    ) -> Option<BytesMut> {
         let mut scan = HeadScan::default();
-        let mut deadline = None;
         // Empty lines alone, sent now and then, must not keep the connection for ever either.
         let idle = tokio::time::Instant::now() + IDLE_LIMIT;
         loop {
@@ -206,66 +221,6 @@ impl<A> IdleConnections<A> {
             std::io::Result::Ok(())
         })
         .await;
-    }
-}
-
-/// How far a request's head has been looked through, so that each byte is looked at once
-/// however many reads the head takes.
-#[derive(Debug, Default)]
-struct HeadScan {
-    /// Bytes looked through.
-    scanned: usize,
-    /// Where the request line starts: past the empty lines a client may send before it, which
-    /// Pingora's parser skips.
-    start: Option<usize>,
-    /// Line feeds from the start.
-    lines: usize,
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Head {
-    /// Nothing but empty lines yet.
-    Blank,
-    Partial,
-    /// An empty line after the request line: the head is whole.
-    Ends,
-    /// More lines than Pingora takes headers, or more bytes than it takes a head: it refuses
-    /// the request as it would have.
-    PastPingorasLimits,
-}
-
-impl HeadScan {
-    fn look(&mut self, bytes: &[u8]) -> Head {
-        let start = match self.start {
-            Some(start) => start,
-            None => {
-                let blank = bytes[self.scanned..]
-                    .iter()
-                    .take_while(|b| matches!(b, b'\r' | b'\n'))
-                    .count();
-                self.scanned += blank;
-                if self.scanned == bytes.len() {
-                    return Head::Blank;
-                }
-                *self.start.insert(self.scanned)
-            }
-        };
-        // A line end cut between reads: its first bytes are looked at again.
-        let from = self.scanned.saturating_sub(2).max(start);
-        for at in memchr::memchr_iter(b'\n', &bytes[from..]).map(|i| from + i) {
-            if matches!(&bytes[at + 1..], [b'\n', ..] | [b'\r', b'\n', ..]) {
-                return Head::Ends;
-            }
-            if at >= self.scanned {
-                self.lines += 1;
-            }
-        }
-        self.scanned = bytes.len();
-        if self.lines > MAX_HEAD_LINES || bytes.len() >= HEAD_LIMIT {
-            Head::PastPingorasLimits
-        } else {
-            Head::Partial
-        }
     }
 }
 
@@ -325,62 +280,6 @@ impl fmt::Write for FieldProbe {
 mod tests {
     use super::*;
     use pingora::protocols::l4::stream::Stream as L4Stream;
-
-    /// Scans `reads` as they would come, one after another.
-    fn scan(reads: &[&[u8]]) -> Vec<Head> {
-        let (mut scan, mut bytes) = (HeadScan::default(), Vec::new());
-        reads
-            .iter()
-            .map(|read| {
-                bytes.extend_from_slice(read);
-                scan.look(&bytes)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_head_ends_at_its_first_empty_line_however_it_is_cut() {
-        use Head::*;
-        let whole: &[u8] = b"POST / HTTP/1.1\r\nHost: x\r\n\r\n{\"a\":\"\r\n\r\n\"}";
-        assert_eq!(scan(&[whole]), [Ends]);
-        for cut in 1..whole.len() {
-            let (a, b) = whole.split_at(cut);
-            let ends_in_a = cut >= 28;
-            let want = if ends_in_a { Ends } else { Partial };
-            assert_eq!(scan(&[a, b])[..], [want, Ends], "cut at {cut}");
-        }
-        assert_eq!(scan(&[b"GET / HTTP/1.1\nHost: x\n\nbody"]), [Ends]);
-        assert_eq!(scan(&[b"GET / HTTP/1.1\r\nHost: x\r\n\r"]), [Partial]);
-        assert_eq!(
-            scan(&[b"GET / HTTP/1.1", b"\r\n", b"\r", b"\n"]),
-            [Partial, Partial, Partial, Ends]
-        );
-    }
-
-    #[test]
-    fn empty_lines_before_the_request_line_are_not_its_end() {
-        use Head::*;
-        assert_eq!(scan(&[b"\r\n\r\n", b"\n"]), [Blank, Blank]);
-        // Pingora skips them: the head's end is the empty line after the request line.
-        assert_eq!(
-            scan(&[b"\r\n\r\nPOST / HTTP/1.1\r\n", b"Host: x\r\n", b"\r\n"]),
-            [Partial, Partial, Ends]
-        );
-    }
-
-    #[test]
-    fn past_pingoras_header_count_the_head_goes_to_it() {
-        let mut bytes = b"GET / HTTP/1.1\r\n".to_vec();
-        let mut scan = HeadScan::default();
-        for i in 0..300 {
-            bytes.extend_from_slice(format!("x-{i}: y\r\n").as_bytes());
-            if scan.look(&bytes) == Head::PastPingorasLimits {
-                assert_eq!(i, MAX_HEAD_LINES - 1);
-                return;
-            }
-        }
-        panic!("300 headers read on");
-    }
 
     /// Pingora's own settings, as its proxy hands them over, with and without such bytes.
     #[tokio::test]

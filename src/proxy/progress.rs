@@ -71,19 +71,18 @@ impl PrefixLb {
             return;
         }
         let upstream = &self.settings.upstream;
-        let from_engine = e.esource() == &ErrorSource::Upstream;
         let (reason, api) = if ctx.stall.as_ref().is_some_and(StallGuard::fired) {
             (
                 "stalled",
                 ApiError::stream_stalled(upstream.stream_idle_timeout),
             )
-        } else if from_engine && e.etype() == &ErrorType::ReadTimedout {
-            ("stalled", ApiError::stream_stalled(upstream.read_timeout))
-        } else if from_engine {
-            ("broken", ApiError::stream_broken(e))
-        } else {
+        } else if e.esource() == &ErrorSource::Downstream {
             // The client's side failed: nothing of the engine's to count or to tell.
             return;
+        } else if e.etype() == &ErrorType::ReadTimedout {
+            ("stalled", ApiError::stream_stalled(upstream.read_timeout))
+        } else {
+            ("broken", ApiError::stream_broken(e))
         };
         metrics::STREAM_ERRORS.with_label_values(&[reason]).inc();
         let head = session.req_header();

@@ -15,13 +15,14 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::router::Router;
+use crate::routing::clock::unix_ms;
 use crate::routing::Decision;
 
 /// How often a sharing process publishes what it released, and looks whether it is alone.
@@ -42,12 +43,6 @@ struct Entry {
 
 /// Per process id.
 type Table = HashMap<u32, Entry>;
-
-fn epoch_ms(at: SystemTime) -> u64 {
-    at.duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
 
 pub struct SharedLoad {
     router: Arc<Router>,
@@ -160,7 +155,7 @@ impl SharedLoad {
         let waited = self.router.load().waiters().front_waited();
         Entry {
             counts,
-            waiting_since_ms: waited.map(|w| epoch_ms(SystemTime::now() - w)),
+            waiting_since_ms: waited.map(|w| unix_ms(SystemTime::now() - w)),
         }
     }
 

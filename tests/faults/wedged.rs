@@ -117,11 +117,15 @@ async fn a_wedged_engine_gets_no_new_request_until_it_moves_again() {
 /// one whose count of work stands still is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_answer_that_does_not_stream_wedges_no_engine_whose_work_grows() {
+    // Each answer is held until the test has looked, then sent whole.
+    let release = Arc::new(Notify::new());
     let whole = || -> Answer {
-        Arc::new(|mut conn| {
+        let release = Arc::clone(&release);
+        Arc::new(move |mut conn| {
+            let release = Arc::clone(&release);
             tokio::spawn(async move {
                 use tokio::io::AsyncWriteExt;
-                tokio::time::sleep(Duration::from_millis(1500)).await;
+                release.notified().await;
                 let body = r#"{"choices":[{"message":{"content":"done"}}]}"#;
                 let head = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
@@ -166,7 +170,7 @@ async fn a_long_answer_that_does_not_stream_wedges_no_engine_whose_work_grows() 
             })
         })
         .collect();
-    // Both answers are under way for a second and a half, three times the limit.
+    // Both answers under way for three times the limit.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let listing = proxy.peers().await;
     assert_eq!(
@@ -178,6 +182,7 @@ async fn a_long_answer_that_does_not_stream_wedges_no_engine_whose_work_grows() 
     );
     assert_eq!(peer_entry(&listing, working.addr)["wedged"], false);
     assert_eq!(peer_entry(&listing, stuck.addr)["wedged"], true);
+    release.notify_waiters();
     for ask in asks {
         assert_eq!(ask.await.unwrap().unwrap().status(), 200);
     }

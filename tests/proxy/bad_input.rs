@@ -274,7 +274,7 @@ async fn a_head_that_trickles_in_gets_408_at_the_head_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_h2c_a_trickled_head_gets_408_and_a_short_request_is_served() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let proxy = trickled_heads_get_408(true).await;
+    let (proxy, _up) = trickled_heads_get_408(true).await;
     let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     // 22 bytes, fewer than the preface's 24.
     s.write_all(b"GET /ping HTTP/1.0\r\n\r\n").await.unwrap();
@@ -286,11 +286,42 @@ async fn with_h2c_a_trickled_head_gets_408_and_a_short_request_is_served() {
         "{:?}",
         String::from_utf8_lossy(&answer)
     );
+
+    // A first byte that could begin the preface, then the rest of an HTTP/1 request: served;
+    // then the same byte and silence: 408 at the head timeout, as for any head.
+    let body = chat("s", "after a P", 1, false);
+    let request = format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    for rest in [Some(&request[1..]), None] {
+        let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let start = Instant::now();
+        s.write_all(b"P").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if let Some(rest) = rest {
+            s.write_all(rest.as_bytes()).await.unwrap();
+        }
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer);
+        let want = if rest.is_some() {
+            "HTTP/1.1 200 "
+        } else {
+            "HTTP/1.1 408 "
+        };
+        assert!(text.starts_with(want), "{want}: {text}");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+    }
 }
 
 /// Heads sent a line at a time get a 408 at the head timeout; one in two pieces in time is
-/// served. The proxy, with `h2c` as asked.
-async fn trickled_heads_get_408(h2c: bool) -> Proxy {
+/// served. The proxy, with `h2c` as asked, and its upstream.
+async fn trickled_heads_get_408(h2c: bool) -> (Proxy, Upstream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let up = start_upstream("a").await;
     let mut cfg = TestConfig::new()
@@ -369,5 +400,5 @@ async fn trickled_heads_get_408(h2c: bool) -> Proxy {
     s.read_to_end(&mut answer).await.unwrap();
     assert!(answer.starts_with(b"HTTP/1.1 200 "));
     proxy.assert_idle().await;
-    proxy
+    (proxy, up)
 }

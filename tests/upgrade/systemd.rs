@@ -185,7 +185,9 @@ async fn the_units_reload_upgrades_and_a_new_process_that_fails_costs_nothing() 
     let second = daemon.pid();
     assert_ne!(second, first);
     assert!(seen_sharing, "the new daemon never shared its counts");
-    // The first daemon wrote what it had before it exited; the second writes its own.
+    // The second daemon logs what it serves: once the lines of the requests above are out
+    // (both write within 20 ms; the first before it exited), one more request is one more line.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let before = access_lines(dir.path(), logged).await;
     assert!(alive(second) && serves().await);
     access_lines(dir.path(), before + 1).await;

@@ -93,11 +93,14 @@ fn listeners(listen: &[schema::Listen]) -> Result<Vec<Listener>, ConfigError> {
     Ok(out)
 }
 
-/// Whether two listeners cannot both bind: the same port on the same address, or on any
-/// address where one of them is a wildcard (`[::]` takes IPv4 too). Found here, not by the
-/// bind in a service's own task, which would leave the process running without that service.
+/// Whether two listeners cannot both bind: the same port on the same address, or beside a
+/// wildcard of the same family (`[::]` takes IPv4 too: Linux binds it dual-stack). Found here,
+/// not by the bind in a service's own task, which would leave the process running without that
+/// service.
 fn clash(a: SocketAddr, b: SocketAddr) -> bool {
-    a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+    let covers =
+        |w: SocketAddr, o: SocketAddr| w.ip().is_unspecified() && (w.is_ipv6() || o.is_ipv4());
+    a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
 }
 
 fn admin(a: schema::Admin, proxies: &[Listener]) -> Result<Option<AdminSettings>, ConfigError> {

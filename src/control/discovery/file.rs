@@ -27,8 +27,9 @@ pub struct FileSource {
 impl FileSource {
     /// A peers file of its own.
     pub fn peers_file(path: &Path, interval: Duration) -> Self {
-        // Relative to where prefixlb started, not to / where a daemon runs.
-        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        // Relative to where prefixlb started, not to / where a daemon runs; through symlinks
+        // at each read, as a ConfigMap's update repoints them.
+        let path = config::paths::absolute(path);
         Self {
             file: SettledFile::new(path),
             interval,

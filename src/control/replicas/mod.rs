@@ -22,7 +22,7 @@ pub mod wire;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -31,6 +31,7 @@ use pingora::services::background::BackgroundService;
 
 use crate::metrics;
 use crate::router::Router;
+use crate::routing::clock::unix_ms;
 use crate::routing::record::Served;
 use crate::settings::Replicas;
 use keys::KeyRing;
@@ -107,7 +108,7 @@ impl ReplicaExchange {
             wire::Refused::Forged => "forged",
         })?;
         // Before the window, so that a stale copy moves no window.
-        if !replay::fresh(signed.sent_ms, unix_ms()) {
+        if !replay::fresh(signed.sent_ms, unix_ms(SystemTime::now())) {
             return Err("stale");
         }
         // This process's own datagrams, sent back to it, would record its choices twice.
@@ -124,14 +125,6 @@ impl ReplicaExchange {
             .iter()
             .any(|o| o.ip().to_canonical() == ip)
     }
-}
-
-/// The wall clock, in milliseconds since the Unix epoch: what the replicas' clocks agree on.
-fn unix_ms() -> u64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A sender id that no other process is likely to draw: a process restarted must not be taken
@@ -180,7 +173,7 @@ fn send_loop(socket: UdpSocket, outbox: Receiver<Served>, router: Arc<Router>, s
             key,
             sender: sending.sender,
             seq,
-            sent_ms: unix_ms(),
+            sent_ms: unix_ms(SystemTime::now()),
         });
         wire::begin(&mut datagram, signing);
         let header = datagram.len();
