@@ -183,6 +183,11 @@ pub fn count_peer(id: &str, removed: impl Fn() -> bool, count: impl FnOnce()) {
     }
 }
 
+/// Counts one on `vec`'s series of the peer `id` (its one label), as [`count_peer`] does.
+pub fn count_on_peer(vec: &IntCounterVec, id: &str, removed: impl Fn() -> bool) {
+    count_peer(id, removed, || vec.with_label_values(&[id]).inc());
+}
+
 pub fn status_class(status: Option<u16>) -> &'static str {
     match status {
         Some(200..=299) => "2xx",

@@ -71,15 +71,7 @@ impl PrefixLb {
     /// Counts a failed request against `peer`, and says so when that ejected it.
     pub(crate) fn peer_failed(&self, peer: &Peer) {
         if let Some(backoff) = self.router.peer_failed(peer) {
-            metrics::count_peer(
-                peer.id(),
-                || peer.removed(),
-                || {
-                    metrics::PEER_EJECTIONS
-                        .with_label_values(&[peer.id()])
-                        .inc()
-                },
-            );
+            metrics::count_on_peer(&metrics::PEER_EJECTIONS, peer.id(), || peer.removed());
             log::warn!(
                 "ejecting peer {} for {backoff:?}: repeated failures",
                 peer.id()

@@ -122,15 +122,7 @@ impl ProxyHttp for PrefixLb {
     ) -> Box<Error> {
         if let Some(slot) = ctx.slot.take() {
             let p = slot.peer();
-            metrics::count_peer(
-                p.id(),
-                || p.removed(),
-                || {
-                    metrics::PEER_CONNECT_FAILURES
-                        .with_label_values(&[p.id()])
-                        .inc()
-                },
-            );
+            metrics::count_on_peer(&metrics::PEER_CONNECT_FAILURES, p.id(), || p.removed());
             self.peer_failed(slot.peer());
             ctx.failed.push(Arc::clone(slot.peer()));
         }

@@ -18,15 +18,15 @@ fn error_event(body: &str) -> Option<serde_json::Value> {
     v.get("error").cloned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_that_stalls_half_way_ends_with_an_error_event_and_frees_its_slot() {
-    let stalling: Answer = Arc::new(|mut conn| {
+/// An engine that answers every request with a stream of `sent`, then falls silent with the
+/// connection open for longer than a test, behind a proxy that ends a stream after 300 ms of
+/// silence (and never takes the engine for wedged).
+async fn stalling_after(sent: String) -> (crate::Engine, Proxy) {
+    let stalling: Answer = Arc::new(move |mut conn| {
+        let sent = sent.clone();
         tokio::spawn(async move {
             let _ = conn.write_all(SSE_HEAD.as_bytes()).await;
-            for i in 0..2 {
-                let _ = conn.write_all(&chunk(&event(&format!("t{i}")))).await;
-            }
-            // Then silence, the connection open, for longer than the test.
+            let _ = conn.write_all(&chunk(&sent)).await;
             tokio::time::sleep(Duration::from_secs(60)).await;
             drop(conn);
         })
@@ -37,6 +37,13 @@ async fn a_stream_that_stalls_half_way_ends_with_an_error_event_and_frees_its_sl
         .stream_idle_timeout_ms(300)
         .wedge_after_ms(0);
     let proxy = start_proxy(&cfg).await;
+    (engine, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_stalls_half_way_ends_with_an_error_event_and_frees_its_slot() {
+    let events: String = (0..2).map(|i| event(&format!("t{i}"))).collect();
+    let (_engine, proxy) = stalling_after(events).await;
     let started = Instant::now();
     let (body, end) = read_stream(&proxy, "stalls").await;
     let took = started.elapsed();
@@ -60,21 +67,8 @@ async fn a_stream_that_stalls_half_way_ends_with_an_error_event_and_frees_its_sl
 /// read (they pass over events without a name).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_messages_stream_that_stalls_ends_with_a_named_error_event() {
-    let stalling: Answer = Arc::new(|mut conn| {
-        tokio::spawn(async move {
-            let _ = conn.write_all(SSE_HEAD.as_bytes()).await;
-            let start = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n";
-            let _ = conn.write_all(&chunk(start)).await;
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            drop(conn);
-        })
-    });
-    let engine = engine(stalling).await;
-    let cfg = TestConfig::new()
-        .peers_at([engine.addr])
-        .stream_idle_timeout_ms(300)
-        .wedge_after_ms(0);
-    let proxy = start_proxy(&cfg).await;
+    let start = "event: message_start\ndata: {\"type\":\"message_start\"}\n\n";
+    let (_engine, proxy) = stalling_after(start.to_owned()).await;
     let body =
         r#"{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"q"}]}"#;
     let r = client()
