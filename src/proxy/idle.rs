@@ -144,16 +144,8 @@ impl<A> IdleConnections<A> {
         while read.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&read) {
             let until =
                 *deadline.get_or_insert_with(|| tokio::time::Instant::now() + self.head_timeout);
-            read.reserve(HEAD_BUFFER);
-            let mut limited = (&mut read).limit(HEAD_BUFFER);
-            match tokio::time::timeout_at(until, stream.read_buf(&mut limited)).await {
-                Ok(Ok(n)) if n > 0 => {}
-                Ok(_) => return None,
-                Err(_) => {
-                    self.refuse_slow_head(stream).await;
-                    return None;
-                }
-            }
+            self.read_more(stream, &mut read, HEAD_BUFFER, until, true)
+                .await?;
         }
         Some((read, deadline))
     }
@@ -182,19 +174,35 @@ impl<A> IdleConnections<A> {
                 }
             }
             let room = (HEAD_LIMIT - head.len()).min(HEAD_BUFFER);
-            head.reserve(room);
-            // Into the head's own buffer: a buffer on the stack would be in the connection's
-            // future, idle or not.
-            let mut limited = (&mut head).limit(room);
-            let read = stream.read_buf(&mut limited);
-            match tokio::time::timeout_at(deadline.unwrap_or(idle), read).await {
-                Ok(Ok(n)) if n > 0 => {}
-                Ok(_) => return None,
-                Err(_) if deadline.is_none() => return None,
-                Err(_) => {
+            // Silent past the idle limit before any head began: closed without a word.
+            let until = deadline.unwrap_or(idle);
+            self.read_more(stream, &mut head, room, until, deadline.is_some())
+                .await?;
+        }
+    }
+
+    /// One more read of a head into `head` (at most `room` bytes) by `until`; `None` when the
+    /// client closes or lets `until` pass, which, with `refuse`, it is told with a 408.
+    async fn read_more(
+        &self,
+        stream: &mut Stream,
+        head: &mut BytesMut,
+        room: usize,
+        until: tokio::time::Instant,
+        refuse: bool,
+    ) -> Option<()> {
+        head.reserve(room);
+        // Into the head's own buffer: a buffer on the stack would be in the connection's
+        // future, idle or not.
+        let mut limited = head.limit(room);
+        match tokio::time::timeout_at(until, stream.read_buf(&mut limited)).await {
+            Ok(Ok(n)) if n > 0 => Some(()),
+            Ok(_) => None,
+            Err(_) => {
+                if refuse {
                     self.refuse_slow_head(stream).await;
-                    return None;
                 }
+                None
             }
         }
     }

@@ -22,21 +22,28 @@ fn select(c: &Cluster) -> Decision {
     c.select(&Balance::default(), Some(7), &[])
 }
 
+/// A request of `lane` taking a slot of `cluster` (one pool: one line) under `limit`, in line
+/// when it must; the slot and the time waited.
+async fn admit(
+    cluster: &Cluster,
+    limit: QueueLimit,
+    lane: u64,
+) -> Result<(Routed, Duration), Rejection> {
+    cluster
+        .load()
+        .waiters()
+        .line(None)
+        .admit(limit, lane, || select(cluster))
+        .await
+}
+
 /// A request of `lane` waiting in `cluster`'s line (until aborted), that drops what it takes.
 fn spawn_waiter(
     cluster: &Arc<Cluster>,
     lane: u64,
 ) -> tokio::task::JoinHandle<Result<(), Rejection>> {
     let cluster = Arc::clone(cluster);
-    tokio::spawn(async move {
-        cluster
-            .load()
-            .waiters()
-            .line(None)
-            .admit(LIMIT, lane, || select(&cluster))
-            .await
-            .map(drop)
-    })
+    tokio::spawn(async move { admit(&cluster, LIMIT, lane).await.map(drop) })
 }
 
 async fn settle() {
@@ -48,25 +55,13 @@ async fn settle() {
 #[tokio::test(start_paused = true)]
 async fn waiters_are_served_in_arrival_order_on_release() {
     let cluster = one_slot_cluster();
-    let (first, _) = cluster
-        .load()
-        .waiters()
-        .line(None)
-        .admit(LIMIT, 0, || select(&cluster))
-        .await
-        .unwrap();
+    let (first, _) = admit(&cluster, LIMIT, 0).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..4 {
         let (cluster, order) = (Arc::clone(&cluster), Arc::clone(&order));
         tasks.push(tokio::spawn(async move {
-            let (routed, waited) = cluster
-                .load()
-                .waiters()
-                .line(None)
-                .admit(LIMIT, 0, || select(&cluster))
-                .await
-                .unwrap();
+            let (routed, waited) = admit(&cluster, LIMIT, 0).await.unwrap();
             order.lock().unwrap().push(i);
             tokio::time::sleep(Duration::from_millis(10)).await;
             drop(routed);
@@ -94,13 +89,7 @@ async fn waiters_are_served_in_arrival_order_on_release() {
 #[tokio::test(start_paused = true)]
 async fn a_lanes_burst_does_not_queue_ahead_of_another_lane() {
     let cluster = one_slot_cluster();
-    let (first, _) = cluster
-        .load()
-        .waiters()
-        .line(None)
-        .admit(LIMIT, 0, || select(&cluster))
-        .await
-        .unwrap();
+    let (first, _) = admit(&cluster, LIMIT, 0).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     // Lane 1 queues four, then lanes 2 and 3 one each.
@@ -114,13 +103,7 @@ async fn a_lanes_burst_does_not_queue_ahead_of_another_lane() {
     ] {
         let (cluster, order) = (Arc::clone(&cluster), Arc::clone(&order));
         tasks.push(tokio::spawn(async move {
-            let (routed, _) = cluster
-                .load()
-                .waiters()
-                .line(None)
-                .admit(LIMIT, lane, || select(&cluster))
-                .await
-                .unwrap();
+            let (routed, _) = admit(&cluster, LIMIT, lane).await.unwrap();
             order.lock().unwrap().push(name);
             tokio::time::sleep(Duration::from_millis(10)).await;
             drop(routed);
@@ -143,13 +126,7 @@ async fn a_lanes_burst_does_not_queue_ahead_of_another_lane() {
 #[tokio::test(start_paused = true)]
 async fn a_lane_leaves_a_quarter_of_the_line_to_the_others() {
     let cluster = one_slot_cluster();
-    let (_held, _) = cluster
-        .load()
-        .waiters()
-        .line(None)
-        .admit(LIMIT, 0, || select(&cluster))
-        .await
-        .unwrap();
+    let (_held, _) = admit(&cluster, LIMIT, 0).await.unwrap();
     let mut waiting = Vec::new();
     for _ in 0..6 {
         waiting.push(spawn_waiter(&cluster, 1));
@@ -157,12 +134,7 @@ async fn a_lane_leaves_a_quarter_of_the_line_to_the_others() {
     }
     assert_eq!(cluster.load().waiters().len(), 6);
     // Lane 1 has its three quarters of 8; lane 2 still gets in.
-    let refused = cluster
-        .load()
-        .waiters()
-        .line(None)
-        .admit(LIMIT, 1, || select(&cluster))
-        .await;
+    let refused = admit(&cluster, LIMIT, 1).await;
     assert_eq!(refused.map(drop), Err(Rejection::QueueFull));
     let other = spawn_waiter(&cluster, 2);
     settle().await;
@@ -181,12 +153,7 @@ async fn a_full_queue_or_zero_length_rejects_at_once() {
         max_waiting: 0,
         ..LIMIT
     };
-    let r = cluster
-        .load()
-        .waiters()
-        .line(None)
-        .admit(none, 0, || select(&cluster))
-        .await;
+    let r = admit(&cluster, none, 0).await;
     assert_eq!(r.err(), Some(Rejection::QueueFull));
 
     let one = QueueLimit {
@@ -194,21 +161,9 @@ async fn a_full_queue_or_zero_length_rejects_at_once() {
         ..LIMIT
     };
     let c2 = Arc::clone(&cluster);
-    let waiter = tokio::spawn(async move {
-        c2.load()
-            .waiters()
-            .line(None)
-            .admit(one, 0, || select(&c2))
-            .await
-            .map(|_| ())
-    });
+    let waiter = tokio::spawn(async move { admit(&c2, one, 0).await.map(|_| ()) });
     settle().await;
-    let r = cluster
-        .load()
-        .waiters()
-        .line(None)
-        .admit(one, 0, || select(&cluster))
-        .await;
+    let r = admit(&cluster, one, 0).await;
     assert_eq!(r.err(), Some(Rejection::QueueFull));
     waiter.abort();
 }
@@ -222,12 +177,7 @@ async fn a_waiter_times_out_and_leaves_the_line() {
         timeout: Duration::from_millis(250),
     };
     let start = tokio::time::Instant::now();
-    let r = cluster
-        .load()
-        .waiters()
-        .line(None)
-        .admit(short, 0, || select(&cluster))
-        .await;
+    let r = admit(&cluster, short, 0).await;
     assert_eq!(r.err(), Some(Rejection::Timeout));
     assert_eq!(start.elapsed(), Duration::from_millis(250));
     assert!(cluster.load().waiters().is_empty());
@@ -238,24 +188,11 @@ async fn a_cancelled_front_waiter_passes_its_turn_on() {
     let cluster = one_slot_cluster();
     let held = select(&cluster).routed().unwrap();
     let c1 = Arc::clone(&cluster);
-    let front = tokio::spawn(async move {
-        c1.load()
-            .waiters()
-            .line(None)
-            .admit(LIMIT, 0, || select(&c1))
-            .await
-            .map(|_| ())
-    });
+    let front = tokio::spawn(async move { admit(&c1, LIMIT, 0).await.map(|_| ()) });
     settle().await;
     let c2 = Arc::clone(&cluster);
     let second = tokio::spawn(async move {
-        let (r, _) = c2
-            .load()
-            .waiters()
-            .line(None)
-            .admit(LIMIT, 0, || select(&c2))
-            .await
-            .unwrap();
+        let (r, _) = admit(&c2, LIMIT, 0).await.unwrap();
         r.slot.peer().id().to_owned()
     });
     settle().await;
@@ -270,12 +207,7 @@ async fn a_cancelled_front_waiter_passes_its_turn_on() {
 async fn no_peer_is_not_worth_waiting_for() {
     let cluster = one_slot_cluster();
     cluster.set_healthy("10.0.0.1:8000", false);
-    let r = cluster
-        .load()
-        .waiters()
-        .line(None)
-        .admit(LIMIT, 0, || select(&cluster))
-        .await;
+    let r = admit(&cluster, LIMIT, 0).await;
     assert_eq!(r.err(), Some(Rejection::NoPeer));
 }
 
@@ -292,13 +224,7 @@ async fn a_peer_coming_back_wakes_the_line() {
     bigger.set_healthy("10.0.0.2:8000", false);
     let c = Arc::clone(&bigger);
     let waiter = tokio::spawn(async move {
-        let (r, _) = c
-            .load()
-            .waiters()
-            .line(None)
-            .admit(LIMIT, 0, || select(&c))
-            .await
-            .unwrap();
+        let (r, _) = admit(&c, LIMIT, 0).await.unwrap();
         r.slot.peer().id().to_owned()
     });
     settle().await;
