@@ -9,14 +9,19 @@ use proptest::prelude::*;
 
 use crate::{key, primary_id, spec, uniform, BOUNDED};
 
+/// `policy` with no balance bound.
+fn unbounded(policy: Policy) -> Balance {
+    Balance {
+        policy,
+        balance_factor: None,
+        cost: CostModel::DEFAULT,
+    }
+}
+
 #[test]
 fn full_primary_overflows_clockwise_to_the_next_peer() {
     let cluster = Cluster::new(&uniform(5, 2), RingConfig::default());
-    let balance = Balance {
-        policy: Policy::BoundedConsistentHash,
-        balance_factor: None,
-        cost: CostModel::DEFAULT,
-    };
+    let balance = unbounded(Policy::BoundedConsistentHash);
     let h = key(42);
     let walk: Vec<usize> = cluster.ring().walk(h).collect();
     let a = cluster.select(&balance, Some(h), &[]).routed().unwrap();
@@ -65,11 +70,7 @@ fn balance_factor_bounds_a_hot_key() {
 #[test]
 fn pure_consistent_hash_ignores_load() {
     let cluster = Cluster::new(&uniform(4, 1), RingConfig::default());
-    let balance = Balance {
-        policy: Policy::ConsistentHash,
-        balance_factor: None,
-        cost: CostModel::DEFAULT,
-    };
+    let balance = unbounded(Policy::ConsistentHash);
     let slots: Vec<_> = (0..10)
         .map(|_| {
             cluster
@@ -154,11 +155,7 @@ fn unhealthy_draining_and_excluded_peers_are_skipped() {
 fn round_robin_follows_weights_and_least_in_flight_levels() {
     let specs = vec![spec(0, 1, UNLIMITED), spec(1, 3, UNLIMITED)];
     let cluster = Cluster::new(&specs, RingConfig::default());
-    let rr = Balance {
-        policy: Policy::RoundRobin,
-        balance_factor: None,
-        cost: CostModel::DEFAULT,
-    };
+    let rr = unbounded(Policy::RoundRobin);
     let mut held = Vec::new();
     for i in 0..40 {
         held.push(
@@ -173,11 +170,7 @@ fn round_robin_follows_weights_and_least_in_flight_levels() {
     assert_eq!(light.in_flight(), 10);
     drop(held);
 
-    let lif = Balance {
-        policy: Policy::LeastInFlight,
-        balance_factor: None,
-        cost: CostModel::DEFAULT,
-    };
+    let lif = unbounded(Policy::LeastInFlight);
     let held: Vec<_> = (0..8)
         .map(|_| cluster.select(&lif, None, &[]).routed().unwrap().slot)
         .collect();
@@ -193,11 +186,7 @@ fn round_robin_follows_weights_and_least_in_flight_levels() {
 fn least_in_flight_passes_over_a_wedged_peer_however_light() {
     let specs = vec![spec(0, 1, UNLIMITED), spec(1, 3, UNLIMITED)];
     let cluster = Cluster::new(&specs, RingConfig::default());
-    let lif = Balance {
-        policy: Policy::LeastInFlight,
-        balance_factor: None,
-        cost: CostModel::DEFAULT,
-    };
+    let lif = unbounded(Policy::LeastInFlight);
     let (light, heavy) = (
         cluster.peer(&specs[0].addr.to_string()).unwrap(),
         cluster.peer(&specs[1].addr.to_string()).unwrap(),
