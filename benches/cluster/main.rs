@@ -10,8 +10,10 @@
 //! `<workload>-<session>-t<turn>`, so a log line tells which peer each turn went to. It exits
 //! non-zero when a verdict is refused. Arguments filter: a workload name (`hot`, `chats`,
 //! `long`, `prompts`, `histories`), a model (`lane`, `engine`), a seed (a number), `tuning`
-//! (the tuning seeds instead of the verdict seeds: tables, no verdict), and anything else a
-//! router's name (whole, or a part of it) keeps only those. `BENCH_DEBUG_DIR` keeps each
+//! (the tuning seeds instead of the verdict seeds: tables, no verdict), `runs=N` (every
+//! router runs the seeds N times, the tables and verdicts then read the median of the runs'
+//! medians, the runs' min-max beside), and anything else a router's name (whole, or a part
+//! of it) keeps only those. `BENCH_DEBUG_DIR` keeps each
 //! prefixlb run's standard error there (with `PREFIXLB_TEST_LOG` at debug for `least_cost`,
 //! every decision's prices).
 //!
@@ -73,6 +75,9 @@ struct Filter {
     routers: Vec<Router>,
     /// Whether a seed is not a verdict seed: then no verdict is read.
     tuning: bool,
+    /// How many times every router runs the seeds (`runs=N`): one run's verdict moves with
+    /// the timing of the two cores by more than the targets' margins on some shapes.
+    runs: usize,
 }
 
 impl Filter {
@@ -81,6 +86,15 @@ impl Filter {
         let args: Vec<String> = std::env::args()
             .skip(1)
             .filter(|a| !a.starts_with("--"))
+            .collect();
+        let runs = args
+            .iter()
+            .find_map(|a| a.strip_prefix("runs="))
+            .map_or(1, |n| n.parse().expect("runs=N takes a number"))
+            .max(1);
+        let args: Vec<String> = args
+            .into_iter()
+            .filter(|a| !a.starts_with("runs="))
             .collect();
         let tuning = args.iter().any(|a| a == "tuning");
         let all_seeds = if tuning { TUNING_SEEDS } else { VERDICT_SEEDS };
@@ -135,6 +149,7 @@ impl Filter {
             seeds,
             routers,
             tuning,
+            runs,
         }
     }
 }
@@ -144,24 +159,29 @@ async fn main() {
     let filter = Filter::from_args();
     let mut results = Vec::new();
     let mut skipped: BTreeMap<String, String> = BTreeMap::new();
-    for &shape in &filter.shapes {
-        for &model in &filter.models {
-            for &seed in &filter.seeds {
-                for &router in &filter.routers {
-                    let name = router.name();
-                    if skipped.contains_key(&name) {
-                        continue;
-                    }
-                    eprintln!(
-                        "{} on {}, seed {seed}: running {name} ...",
-                        shape.name(),
-                        model.name()
-                    );
-                    match run(shape, router, model, seed).await {
-                        Ok(r) => results.push(r),
-                        Err(why) => {
-                            println!("skipped {name}: {why}");
-                            skipped.insert(name, why);
+    // Repeats outermost: a drift of the machine's pace over the command then falls on every
+    // router alike.
+    for repeat in 0..filter.runs {
+        for &shape in &filter.shapes {
+            for &model in &filter.models {
+                for &seed in &filter.seeds {
+                    for &router in &filter.routers {
+                        let name = router.name();
+                        if skipped.contains_key(&name) {
+                            continue;
+                        }
+                        eprintln!(
+                            "{} on {}, seed {seed}, run {}: running {name} ...",
+                            shape.name(),
+                            model.name(),
+                            repeat + 1
+                        );
+                        match run(shape, router, model, seed).await {
+                            Ok(r) => results.push(RunResult { run: repeat, ..r }),
+                            Err(why) => {
+                                println!("skipped {name}: {why}");
+                                skipped.insert(name, why);
+                            }
                         }
                     }
                 }
@@ -190,10 +210,11 @@ async fn main() {
                 refused |= v.refused;
                 verdicts.extend(v.lines);
             }
-            // Where prefixlb's turns went, on the first seed only: the others read alike.
+            // Where prefixlb's turns went, on the first seed of the first run only: the others
+            // read alike.
             departures.extend(
                 runs.iter()
-                    .filter(|r| Some(&r.seed) == filter.seeds.first())
+                    .filter(|r| Some(&r.seed) == filter.seeds.first() && r.run == 0)
                     .filter_map(|r| moves(r)),
             );
         }

@@ -98,6 +98,7 @@ impl RunResult {
             "workload": self.shape.name(),
             "model": self.model.name(),
             "seed": self.seed,
+            "run": self.run,
             "router": self.router.name(),
             "gpus": self.served.len(),
             "requests": self.stats.len(),
@@ -124,8 +125,13 @@ pub fn print_table(shape: Shape, model: SimModel, rows: &[Row]) {
         .first()
         .map(|r| r.seeds().iter().map(u64::to_string).collect())
         .unwrap_or_default();
+    let repeats = rows.first().map_or(1, Row::repeats);
+    let over = match repeats {
+        1 => String::from("medians over the seeds, (min-max) beside"),
+        n => format!("{n} runs of the seeds: the median of the runs' medians over the seeds, (the runs' min-max) beside"),
+    };
     println!(
-        "\n{} on the {} model: {} simulated GPUs ({MAX_RUNNING} running each), seeds {}, simulator speed {SPEED}x (times are wall clock); medians over the seeds, (min-max) beside\n",
+        "\n{} on the {} model: {} simulated GPUs ({MAX_RUNNING} running each), seeds {}, simulator speed {SPEED}x (times are wall clock); {over}\n",
         shape.name(),
         model.name(),
         shape.gpus(),
@@ -254,11 +260,11 @@ pub fn write_files(
     )
     .unwrap();
     let mut requests =
-        String::from("workload,model,seed,router,session,turn,sent_ms,ttft_ms,e2e_ms,ok\n");
+        String::from("workload,model,seed,router,session,turn,sent_ms,ttft_ms,e2e_ms,ok,run\n");
     for r in results {
         for s in &r.stats {
             requests.push_str(&format!(
-                "{},{},{},\"{}\",{},{},{:.1},{:.1},{:.1},{}\n",
+                "{},{},{},\"{}\",{},{},{:.1},{:.1},{:.1},{},{}\n",
                 r.shape.name(),
                 r.model.name(),
                 r.seed,
@@ -268,7 +274,8 @@ pub fn write_files(
                 s.sent.as_secs_f64() * 1000.0,
                 s.ttft_ms,
                 s.e2e_ms,
-                s.ok
+                s.ok,
+                r.run
             ));
         }
         if !r.access_log.is_empty() {
@@ -278,8 +285,13 @@ pub fn write_files(
                 .chars()
                 .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                 .collect();
+            // The first run's names are those of a command without repeats.
+            let run = match r.run {
+                0 => String::new(),
+                n => format!("-run{n}"),
+            };
             let path = dir.join(format!(
-                "access-{}-{}-{}-{slug}.log",
+                "access-{}-{}-{}{run}-{slug}.log",
                 r.shape.name(),
                 r.model.name(),
                 r.seed

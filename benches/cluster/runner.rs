@@ -142,6 +142,8 @@ pub struct RunResult {
     pub router: Router,
     pub model: SimModel,
     pub seed: u64,
+    /// Which of the command's `runs=N` repeats it belongs to, from 0.
+    pub run: usize,
     pub stats: Vec<Stat>,
     pub wall: Duration,
     pub hit_ratio: f64,
@@ -255,6 +257,7 @@ pub async fn run(
         router,
         model,
         seed,
+        run: 0,
         stats,
         wall,
         hit_ratio: if queries > 0.0 { hits / queries } else { 0.0 },

@@ -4,15 +4,34 @@ pub use crate::common::spread::Spread;
 use crate::routers::{Router, ROUTERS};
 use crate::runner::RunResult;
 
-/// A router's runs on one shape and model, one per seed.
+/// A router's runs on one shape and model, one per seed and repeat.
 pub struct Row<'a> {
     pub router: Router,
     pub runs: Vec<&'a RunResult>,
 }
 
 impl Row<'_> {
+    /// The median over the seeds and their min-max; with repeats, each repeat's median over
+    /// its seeds, then the median of those and their min-max, so that the spread says how far
+    /// one run's verdict can move.
     fn spread(&self, f: impl Fn(&RunResult) -> f64) -> Spread {
-        Spread::of(self.runs.iter().map(|r| f(r)).collect())
+        let repeats = self.repeats();
+        if repeats == 1 {
+            return Spread::of(self.runs.iter().map(|r| f(r)).collect());
+        }
+        Spread::of(
+            (0..repeats)
+                .map(|n| {
+                    let one = self.runs.iter().filter(|r| r.run == n);
+                    Spread::of(one.map(|r| f(r)).collect()).median
+                })
+                .collect(),
+        )
+    }
+
+    /// How many repeats of its seeds it ran.
+    pub fn repeats(&self) -> usize {
+        self.runs.iter().map(|r| r.run + 1).max().unwrap_or(1)
     }
 
     /// TTFT percentile `q`, ms.
@@ -76,8 +95,12 @@ impl Row<'_> {
         failed * 100 > all
     }
 
+    /// The seeds it ran, each once.
     pub fn seeds(&self) -> Vec<u64> {
-        self.runs.iter().map(|r| r.seed).collect()
+        let mut seeds: Vec<u64> = self.runs.iter().map(|r| r.seed).collect();
+        seeds.sort_unstable();
+        seeds.dedup();
+        seeds
     }
 }
 

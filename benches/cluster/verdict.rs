@@ -89,7 +89,7 @@ pub fn verdict(
             let ran = rows
                 .iter()
                 .find(|r| r.router == *peer)
-                .map_or(0, |r| r.runs.len());
+                .map_or(0, |r| r.seeds().len());
             (ran < seeds.len()).then(|| format!("{} ({ran} of {} seeds)", peer.name(), seeds.len()))
         })
         .collect();
