@@ -1,4 +1,5 @@
-//! The TTFT distributions, one panel per workload and model, of each one's first seed.
+//! The TTFT distributions, one panel per workload and model, of each one's first seed (in the
+//! first run, when the seeds ran more than once).
 
 use plotters::prelude::*;
 
@@ -47,7 +48,7 @@ pub fn draw(
         let runs: Vec<&RunResult> = results
             .iter()
             .filter(here)
-            .filter(|r| Some(r.seed) == first)
+            .filter(|r| Some(r.seed) == first && r.run == 0)
             .collect();
         let max_ttft = runs.iter().flat_map(|r| r.ttfts()).fold(1.0, f64::max);
         let mut cdf = ChartBuilder::on(panel)
