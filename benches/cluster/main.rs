@@ -102,6 +102,9 @@ impl Filter {
         if seeds.is_empty() {
             seeds = all_seeds.to_vec();
         }
+        // A seed named twice runs once: `runs=N` repeats.
+        seeds.sort_unstable();
+        seeds.dedup();
         let shapes: Vec<Shape> = SHAPES
             .into_iter()
             .filter(|s| args.iter().any(|a| a == s.name()))
@@ -206,7 +209,8 @@ async fn main() {
             let rows = spread::rows(&runs);
             print_table(shape, model, &rows);
             if !filter.tuning {
-                let v = verdict::verdict(shape, model, &rows, &expected, &filter.seeds);
+                let v =
+                    verdict::verdict(shape, model, &rows, &expected, &filter.seeds, filter.runs);
                 refused |= v.refused;
                 verdicts.extend(v.lines);
             }

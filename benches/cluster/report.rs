@@ -125,7 +125,7 @@ pub fn print_table(shape: Shape, model: SimModel, rows: &[Row]) {
         .first()
         .map(|r| r.seeds().iter().map(u64::to_string).collect())
         .unwrap_or_default();
-    let repeats = rows.first().map_or(1, Row::repeats);
+    let repeats = rows.iter().map(Row::repeats).max().unwrap_or(1);
     let over = match repeats {
         1 => String::from("medians over the seeds, (min-max) beside"),
         n => format!("{n} runs of the seeds: the median of the runs' medians over the seeds, (the runs' min-max) beside"),
@@ -244,6 +244,7 @@ pub fn write_files(
                 "workload": r.shape.name(),
                 "model": r.model.name(),
                 "seed": r.seed,
+                "run": r.run,
                 "router": r.router.name(),
                 "load": r.load.iter().map(|(t, row)| json!({"t": t, "per_gpu": row})).collect::<Vec<_>>(),
             })
@@ -285,10 +286,11 @@ pub fn write_files(
                 .chars()
                 .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                 .collect();
-            // The first run's names are those of a command without repeats.
+            // The first run's names are those of a command without repeats; the others count
+            // from 1, as the progress lines do (`run` in the JSON and CSV counts from 0).
             let run = match r.run {
                 0 => String::new(),
-                n => format!("-run{n}"),
+                n => format!("-run{}", n + 1),
             };
             let path = dir.join(format!(
                 "access-{}-{}-{}{run}-{slug}.log",

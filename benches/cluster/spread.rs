@@ -1,5 +1,7 @@
 //! One router's runs on one shape and model, over the seeds: medians and spreads.
 
+use std::collections::BTreeSet;
+
 pub use crate::common::spread::Spread;
 use crate::routers::{Router, ROUTERS};
 use crate::runner::RunResult;
@@ -15,12 +17,13 @@ impl Row<'_> {
     /// its seeds, then the median of those and their min-max, so that the spread says how far
     /// one run's verdict can move.
     fn spread(&self, f: impl Fn(&RunResult) -> f64) -> Spread {
-        let repeats = self.repeats();
-        if repeats == 1 {
+        let repeats: BTreeSet<usize> = self.runs.iter().map(|r| r.run).collect();
+        if repeats.len() == 1 {
             return Spread::of(self.runs.iter().map(|r| f(r)).collect());
         }
         Spread::of(
-            (0..repeats)
+            repeats
+                .into_iter()
                 .map(|n| {
                     let one = self.runs.iter().filter(|r| r.run == n);
                     Spread::of(one.map(|r| f(r)).collect()).median
@@ -29,9 +32,14 @@ impl Row<'_> {
         )
     }
 
-    /// How many repeats of its seeds it ran.
+    /// How many repeats of its seeds it ran (the last one possibly cut short: the verdict
+    /// refuses a row without every pass).
     pub fn repeats(&self) -> usize {
-        self.runs.iter().map(|r| r.run + 1).max().unwrap_or(1)
+        self.runs
+            .iter()
+            .map(|r| r.run)
+            .collect::<BTreeSet<_>>()
+            .len()
     }
 
     /// TTFT percentile `q`, ms.
@@ -69,7 +77,7 @@ impl Row<'_> {
         self.spread(RunResult::lowest_share)
     }
 
-    /// Median blocks evicted over the seeds.
+    /// Median blocks evicted over the seeds (of the runs' medians, with repeats).
     pub fn evictions(&self) -> f64 {
         self.spread(|r| r.evictions).median
     }
@@ -82,7 +90,7 @@ impl Row<'_> {
         self.runs.iter().map(|r| r.peak_load).fold(0.0, f64::max)
     }
 
-    /// Failed requests and all requests, over the seeds.
+    /// Failed requests and all requests, over the seeds and every repeat.
     pub fn errors(&self) -> (usize, usize) {
         let failed = self.runs.iter().map(|r| r.errors()).sum();
         let all = self.runs.iter().map(|r| r.stats.len()).sum();

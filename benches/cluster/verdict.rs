@@ -73,24 +73,34 @@ pub struct Verdict {
 /// p99 and p99 over the floor at most the best peer's, hits at least the best of the peers
 /// that do not melt (p99 within 2 × the best) minus one point, no errors; on `prompts`, as the
 /// block-record issue adds, no GPU below half of the mean share. A peer that failed more than 1% of its requests is no one's
-/// best. Refused when a peer of `expected` did not run on each of `seeds`.
+/// best. Refused when a peer of `expected` did not run on each of `seeds` in each of `runs`.
 pub fn verdict(
     shape: Shape,
     model: SimModel,
     rows: &[Row],
     expected: &[Router],
     seeds: &[u64],
+    runs: usize,
 ) -> Verdict {
     let head = format!("{} on {}", shape.name(), model.name());
     let mut lines = Vec::new();
     let missing: Vec<String> = expected
         .iter()
         .filter_map(|peer| {
+            // One pass a seed and run: a peer that failed in a later run is as missing as one
+            // that never ran, or its median would be over fewer runs than prefixlb's.
             let ran = rows
                 .iter()
                 .find(|r| r.router == *peer)
-                .map_or(0, |r| r.seeds().len());
-            (ran < seeds.len()).then(|| format!("{} ({ran} of {} seeds)", peer.name(), seeds.len()))
+                .map_or(0, |r| r.runs.len());
+            let due = seeds.len() * runs;
+            (ran < due).then(|| {
+                format!(
+                    "{} ({ran} of {due} passes: {} seeds, {runs} runs)",
+                    peer.name(),
+                    seeds.len()
+                )
+            })
         })
         .collect();
     let peers: Vec<&Row> = rows.iter().filter(|r| r.router.is_peer()).collect();
