@@ -76,8 +76,13 @@ pub fn chat(system: &str, first: &str, turns: usize, stream: bool) -> String {
 /// Opens a chat stream through `proxy` of `events` SSE events `interval_ms` apart (the mock
 /// upstream makes them); returns once the response head is in.
 pub async fn open_stream(proxy: &Proxy, events: u32, interval_ms: u32) -> reqwest::Response {
+    open_stream_at(&proxy.url("/v1/chat/completions"), events, interval_ms).await
+}
+
+/// [`open_stream`] to a chat URL of a process the tests did not start through [`Proxy`].
+pub async fn open_stream_at(url: &str, events: u32, interval_ms: u32) -> reqwest::Response {
     client()
-        .post(proxy.url("/v1/chat/completions"))
+        .post(url)
         .header("x-mock-events", events.to_string())
         .header("x-mock-interval-ms", interval_ms.to_string())
         .body(chat("s", "q", 1, true))

@@ -18,14 +18,7 @@ async fn a_successor_told_late_shares_the_counts_with_the_old_process() {
     let old = start_first(dir.path(), port, lb).await;
     // A stream of eight seconds keeps the old process serving after the handover.
     let url = format!("http://{}/v1/chat/completions", loopback(port));
-    let stream = client()
-        .post(url)
-        .header("x-mock-events", "80")
-        .header("x-mock-interval-ms", "100")
-        .body(chat("s", "long", 1, true))
-        .send()
-        .await
-        .unwrap();
+    let stream = open_stream_at(&url, 80, 100).await;
     assert_eq!(stream.status(), 200);
     let new = spawn(dir.path(), "p1", true);
     tokio::time::sleep(Duration::from_secs(2)).await;
