@@ -26,11 +26,12 @@ pub struct EngineReport {
 /// One peer's engine as the balancer knows it.
 #[derive(Debug, Default)]
 pub struct Engine {
-    /// The last report and when it came; read by the admin API and metrics, written by the
-    /// scraper: off the request path, so a lock is fine.
-    last: Mutex<Option<(EngineReport, Instant)>>,
-    /// The most requests the engine has run at once, once it has been seen to queue (0 until
-    /// then): beyond it a request waits for a running slot.
+    /// The last report and when it came, and the running slots the reports showed; read by
+    /// the admin API and metrics, written by the scraper: off the request path, so a lock is
+    /// fine.
+    scraped: Mutex<Scraped>,
+    /// The running slots as [`SlotPeaks`] reads them (0 until a queue is seen): beyond them a
+    /// request waits for a slot. Read on every pricing, so not behind the lock.
     capacity: AtomicU32,
     /// Mean time a request streams its answer, from first byte to end, in microseconds (an
     /// EWMA; 0 until one has ended).
@@ -41,6 +42,56 @@ pub struct Engine {
     /// behind the lock.
     rate: AtomicU64,
     cache: CacheCounts,
+}
+
+#[derive(Debug, Default)]
+struct Scraped {
+    last: Option<(EngineReport, Instant)>,
+    slots: SlotPeaks,
+}
+
+/// How long a running count seen beside a queue stands for the engine's slots. An engine
+/// also queues with slots free: while one long prompt's chunk fills a step's token budget,
+/// or its KV memory is short for a moment, arrivals wait beside free slots, and a single
+/// report then shows far fewer running than it has slots (on the cluster bench's engine
+/// model, 1 to 7 of 8). A window over several such moments keeps the most it has shown it
+/// runs; an engine restarted with fewer slots, or lastingly short of memory, is followed
+/// within two windows.
+const SLOTS_WINDOW: Duration = Duration::from_secs(30);
+
+/// The engine's running slots as its reports show them: the most it ran at once while it
+/// had a queue, over the reports that showed one in this window and the one before.
+#[derive(Debug, Default)]
+struct SlotPeaks {
+    current: u32,
+    previous: u32,
+    since: Option<Instant>,
+}
+
+impl SlotPeaks {
+    /// Takes one report's figures; returns the slots known since (0 while none is).
+    fn observe(&mut self, running: u32, waiting: u32, now: Instant) -> u32 {
+        // Only a queue proves the engine full; until one is seen its capacity is unknown,
+        // and what it runs says nothing of what it could. Once known, more running than
+        // known is more capacity.
+        let known = self.slots();
+        if waiting > 0 || (known > 0 && running > known) {
+            if self
+                .since
+                .is_none_or(|since| now.duration_since(since) >= SLOTS_WINDOW)
+            {
+                self.previous = self.current;
+                self.current = 0;
+                self.since = Some(now);
+            }
+            self.current = self.current.max(running.max(1));
+        }
+        self.slots()
+    }
+
+    fn slots(&self) -> u32 {
+        self.current.max(self.previous)
+    }
 }
 
 /// Tokens of the answers that reported their usage: the prompts', and the cached ones the
@@ -68,29 +119,21 @@ impl Engine {
     /// Keeps the last scrape's figures (`None`: it failed) and what they show of the capacity;
     /// true when the engine's count of work grew since the report before.
     pub fn report(&self, figures: Option<EngineReport>) -> bool {
+        let now = Instant::now();
+        let mut scraped = self.scraped.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = figures {
-            // Only a queue proves the engine full; until one is seen its capacity is unknown,
-            // and what it runs says nothing of what it could.
-            let known = self.capacity();
-            let capacity = if f.waiting > 0 {
-                f.running.max(1)
-            } else if known > 0 {
-                known.max(f.running)
-            } else {
-                0
-            };
-            self.capacity.store(capacity, Ordering::Relaxed);
+            let slots = scraped.slots.observe(f.running, f.waiting, now);
+            self.capacity.store(slots, Ordering::Relaxed);
         }
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let before = last.and_then(|(f, _)| f.work);
-        *last = figures.map(|f| (f, Instant::now()));
+        let before = scraped.last.and_then(|(f, _)| f.work);
+        scraped.last = figures.map(|f| (f, now));
         matches!((before, figures.and_then(|f| f.work)), (Some(b), Some(now)) if now > b)
     }
 
     /// The last figures and how old they are, if the last scrape gave any.
     pub fn last(&self) -> Option<(EngineReport, Duration)> {
-        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        last.map(|(f, at)| (f, at.elapsed()))
+        let scraped = self.scraped.lock().unwrap_or_else(|p| p.into_inner());
+        scraped.last.map(|(f, at)| (f, at.elapsed()))
     }
 
     /// Running slots the engine has shown it has; 0 while unknown.
@@ -187,8 +230,23 @@ mod tests {
         assert_eq!(e.capacity(), 6);
         e.report(report(8, 0));
         assert_eq!(e.capacity(), 8, "more running than known is more capacity");
+        e.report(report(1, 5));
+        assert_eq!(e.capacity(), 8, "a queue beside free slots");
         e.report(None);
         assert_eq!((e.capacity(), e.last()), (8, None));
+    }
+
+    #[test]
+    fn fewer_slots_show_after_two_windows_of_queues() {
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut peaks = SlotPeaks::default();
+        assert_eq!(peaks.observe(8, 3, at(0)), 8);
+        assert_eq!(peaks.observe(2, 3, at(10)), 8, "a moment's stall");
+        assert_eq!(peaks.observe(4, 0, at(100)), 8, "no queue, no news");
+        assert_eq!(peaks.observe(4, 2, at(110)), 8, "the window before");
+        assert_eq!(peaks.observe(4, 2, at(140)), 4, "two windows of four");
+        assert_eq!(peaks.observe(6, 0, at(150)), 6, "more running than known");
     }
 
     #[test]
