@@ -17,7 +17,7 @@ impl Row<'_> {
     /// its seeds, then the median of those and their min-max, so that the spread says how far
     /// one run's verdict can move.
     fn spread(&self, f: impl Fn(&RunResult) -> f64) -> Spread {
-        let repeats: BTreeSet<usize> = self.runs.iter().map(|r| r.run).collect();
+        let repeats = self.run_numbers();
         if repeats.len() == 1 {
             return Spread::of(self.runs.iter().map(|r| f(r)).collect());
         }
@@ -35,11 +35,12 @@ impl Row<'_> {
     /// How many repeats of its seeds it ran (the last one possibly cut short: the verdict
     /// refuses a row without every pass).
     pub fn repeats(&self) -> usize {
-        self.runs
-            .iter()
-            .map(|r| r.run)
-            .collect::<BTreeSet<_>>()
-            .len()
+        self.run_numbers().len()
+    }
+
+    /// The repeats it ran, by number.
+    fn run_numbers(&self) -> BTreeSet<usize> {
+        self.runs.iter().map(|r| r.run).collect()
     }
 
     /// TTFT percentile `q`, ms.

@@ -127,7 +127,7 @@ impl Engine {
         }
         let before = scraped.last.and_then(|(f, _)| f.work);
         scraped.last = figures.map(|f| (f, now));
-        matches!((before, figures.and_then(|f| f.work)), (Some(b), Some(now)) if now > b)
+        matches!((before, figures.and_then(|f| f.work)), (Some(b), Some(a)) if a > b)
     }
 
     /// The last figures and how old they are, if the last scrape gave any.
