@@ -258,3 +258,24 @@ fn a_new_conversation_leaves_its_documents_peer_only_for_a_clear_gain() {
         assert_eq!(Arc::ptr_eq(r.slot.peer(), other), !stays);
     }
 }
+
+#[test]
+fn a_turn_its_peer_alone_served_leaves_only_for_a_share_of_homes_cost() {
+    // Home has another prompt in prefill ahead (`ahead` tokens); the other engine idles and
+    // would prefill the 6 000-token history again (0.75 s with the requests to come). A
+    // conversation's own turn leaves for a gain of more than a quarter of home's cost, its
+    // system prompt held elsewhere or not: at 9 400 tokens ahead home costs about 0.96 s,
+    // which a quarter of the copy's prefill (0.15 s) alone would not keep; at 12 000, 1.22 s.
+    for (ahead, stays) in [(9_400, true), (12_000, false)] {
+        let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
+        let peers = cluster.peers().to_vec();
+        let (home, other) = (&peers[0], &peers[1]);
+        let turn = ward_turn(&cluster, home);
+        let mut prefilling = home.take();
+        prefilling.expect_prefill(ahead, 0.0, u64::from(ahead));
+        let r = cluster.select(&COST, turn, &[]).routed().unwrap();
+        let at_home = Arc::ptr_eq(r.slot.peer(), home);
+        assert_eq!(at_home, stays, "{ahead} tokens ahead: at home {at_home}");
+        assert_eq!(Arc::ptr_eq(r.slot.peer(), other), !stays);
+    }
+}

@@ -136,21 +136,26 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     // other, is a home: sent on, the request prefills a long shared document (or a history
     // two peers hold) again. The priced shares are the record's but by construction or of a
     // prompt known by its key alone, where they are assumed: no such home for those.
-    let conversation = held.conversation_home();
     let measured = !by_construction && !demand.blocks.key_only();
     let deepest = hits[..n].iter().copied().fold(0.0, f64::max);
     let home_by_share = |hit: f64| measured && deepest > tuning.prefix_home_share && hit >= deepest;
+    // A later turn held by one peer alone is its conversation's own there as well (its system
+    // prompt was its own, or went nowhere else), and that peer holds most of it besides.
+    let sole = held
+        .sole_holder()
+        .filter(|_| demand.blocks.is_later_turn() && held.knows_key());
+    let conversation = held.conversation_home().or(sole);
     // A conversation's own turns leave its history only for a clear gain, a share of home's
     // cost. Other requests leave a peer holding most of their prompt only for more than that
     // share of the prefill they make the other peer do: a copy holds the GPU it lands on and
-    // what arrives there meanwhile, which its price counts only in part. Any other home is
-    // left for any gain.
+    // what arrives there meanwhile, which its price counts only in part. A sole holder's turn
+    // clears both. Any other home is left for any gain.
     let spill_margin = tuning.spill_margin.as_millis() as u64;
     let margin = match conversation {
         Some(_) => spill_margin.max((priced[home].0 as f64 * tuning.spill_share) as u64),
         None => spill_margin,
     };
-    let copy_hurdle = conversation.is_none() && home_by_share(hits[home]);
+    let copy_hurdle = (conversation.is_none() || sole.is_some()) && home_by_share(hits[home]);
     for p in priced[..n].iter_mut().filter(|p| p.2 != home) {
         p.0 += if copy_hurdle {
             margin.max((copy_ms[p.2] as f64 * tuning.spill_share) as u64)
@@ -179,14 +184,9 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
             }
         }
     };
-    // The bound's floor also keeps a chat's later turn at the one peer that served it to its
-    // key's end, though no other holds any of it: elsewhere it prefills its whole history.
-    let floor_home = conversation.or_else(|| {
-        held.sole_holder()
-            .filter(|_| demand.blocks.is_later_turn() && held.knows_key())
-    });
-    // So does a peer holding most of the prompt, as much as any.
-    let is_home = |peer: &Peer, hit: f64| floor_home == Some(peer.serial()) || home_by_share(hit);
+    // The bound's floor keeps a conversation's turn at its home, where it prefills only its
+    // newest part, and so does a peer holding most of the prompt, as much as any.
+    let is_home = |peer: &Peer, hit: f64| conversation == Some(peer.serial()) || home_by_share(hit);
     for &(_, idx, place, hit) in priced.iter() {
         let peer = &view.peers[idx];
         let bound = balance.bound(BoundInputs {
