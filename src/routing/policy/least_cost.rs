@@ -139,23 +139,25 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     let measured = !by_construction && !demand.blocks.key_only();
     let deepest = hits[..n].iter().copied().fold(0.0, f64::max);
     let home_by_share = |hit: f64| measured && deepest > tuning.prefix_home_share && hit >= deepest;
-    // A later turn held by one peer alone is its conversation's own there as well (its system
-    // prompt was its own, or went nowhere else), and that peer holds most of it besides.
+    // A later turn held by one peer alone is its conversation's own there as well: its system
+    // prompt was its own, or went nowhere else.
     let sole = held
         .sole_holder()
         .filter(|_| demand.blocks.is_later_turn() && held.knows_key());
     let conversation = held.conversation_home().or(sole);
     // A conversation's own turns leave its history only for a clear gain, a share of home's
-    // cost. Other requests leave a peer holding most of their prompt only for more than that
-    // share of the prefill they make the other peer do: a copy holds the GPU it lands on and
-    // what arrives there meanwhile, which its price counts only in part. A sole holder's turn
-    // clears both. Any other home is left for any gain.
+    // cost (where home is that peer: one left out of the candidates, unusable, sets none).
+    // Other requests, and a sole holder's turns besides, leave a peer holding most of their
+    // prompt only for more than that share of the prefill they make the other peer do: a
+    // copy holds the GPU it lands on and what arrives there meanwhile, which its price counts
+    // only in part. Any other home is left for any gain.
     let spill_margin = tuning.spill_margin.as_millis() as u64;
-    let margin = match conversation {
-        Some(_) => spill_margin.max((priced[home].0 as f64 * tuning.spill_share) as u64),
-        None => spill_margin,
+    let margin = if conversation == Some(view.peers[candidates[home]].serial()) {
+        spill_margin.max((priced[home].0 as f64 * tuning.spill_share) as u64)
+    } else {
+        spill_margin
     };
-    let copy_hurdle = (conversation.is_none() || sole.is_some()) && home_by_share(hits[home]);
+    let copy_hurdle = held.conversation_home().is_none() && home_by_share(hits[home]);
     for p in priced[..n].iter_mut().filter(|p| p.2 != home) {
         p.0 += if copy_hurdle {
             margin.max((copy_ms[p.2] as f64 * tuning.spill_share) as u64)
