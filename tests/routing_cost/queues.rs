@@ -238,44 +238,41 @@ fn a_new_conversation_queues_at_its_documents_peer_rather_than_prefill_it_again(
     }
 }
 
+/// Whether `request` (made for `home` by the function given) stays at home on the first of
+/// two peers while another prompt's `ahead` tokens are in prefill there and the other idles.
+fn stays_behind_a_prefill(ahead: u32, request: fn(&Cluster, &Peer) -> Demand) -> bool {
+    let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
+    let peers = cluster.peers().to_vec();
+    let (home, other) = (&peers[0], &peers[1]);
+    let demand = request(&cluster, home);
+    let mut prefilling = home.take();
+    prefilling.expect_prefill(ahead, 0.0, u64::from(ahead));
+    let r = cluster.select(&COST, demand, &[]).routed().unwrap();
+    let at_home = Arc::ptr_eq(r.slot.peer(), home);
+    assert_eq!(Arc::ptr_eq(r.slot.peer(), other), !at_home);
+    at_home
+}
+
 #[test]
 fn a_new_conversation_leaves_its_documents_peer_only_for_a_clear_gain() {
-    // The document's peer has another prompt in prefill ahead (`ahead` tokens); the other
-    // engine idles. Elsewhere the 15 000-token document is prefilled again, with the
-    // requests to come waiting it out: 2.0 s. At home: the wait for the prefill ahead (2.05
-    // or 4.0 s) and the new question. Home is left only for a gain of more than a quarter of
-    // that second prefill (0.4 s).
+    // Elsewhere the 15 000-token document is prefilled again, with the requests to come
+    // waiting it out: 2.0 s. At home: the wait for the prefill ahead (2.05 or 4.0 s) and the
+    // new question. Home is left only for a gain of more than a quarter of that second
+    // prefill (0.4 s).
     for (ahead, stays) in [(20_500, true), (40_000, false)] {
-        let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
-        let peers = cluster.peers().to_vec();
-        let (home, other) = (&peers[0], &peers[1]);
-        let mut prefilling = home.take();
-        prefilling.expect_prefill(ahead, 0.0, u64::from(ahead));
-        let r = cluster.select(&COST, on_the_document(&cluster, home), &[]);
-        let r = r.routed().unwrap();
-        let at_home = Arc::ptr_eq(r.slot.peer(), home);
+        let at_home = stays_behind_a_prefill(ahead, on_the_document);
         assert_eq!(at_home, stays, "{ahead} tokens ahead: at home {at_home}");
-        assert_eq!(Arc::ptr_eq(r.slot.peer(), other), !stays);
     }
 }
 
 #[test]
 fn a_turn_its_peer_alone_served_leaves_only_for_a_share_of_homes_cost() {
-    // Home has another prompt in prefill ahead (`ahead` tokens); the other engine idles and
-    // would prefill the 6 000-token history again (0.75 s with the requests to come). A
-    // conversation's own turn leaves for a gain of more than a quarter of home's cost, its
+    // Elsewhere the 6 000-token history is prefilled again: 0.75 s with the requests to come.
+    // A conversation's own turn leaves for a gain of more than a quarter of home's cost, its
     // system prompt held elsewhere or not: at 9 400 tokens ahead home costs about 0.96 s,
     // which a quarter of the copy's prefill (0.15 s) alone would not keep; at 12 000, 1.22 s.
     for (ahead, stays) in [(9_400, true), (12_000, false)] {
-        let cluster = Cluster::new(&specs(2, UNLIMITED), RingConfig::default());
-        let peers = cluster.peers().to_vec();
-        let (home, other) = (&peers[0], &peers[1]);
-        let turn = ward_turn(&cluster, home);
-        let mut prefilling = home.take();
-        prefilling.expect_prefill(ahead, 0.0, u64::from(ahead));
-        let r = cluster.select(&COST, turn, &[]).routed().unwrap();
-        let at_home = Arc::ptr_eq(r.slot.peer(), home);
+        let at_home = stays_behind_a_prefill(ahead, ward_turn);
         assert_eq!(at_home, stays, "{ahead} tokens ahead: at home {at_home}");
-        assert_eq!(Arc::ptr_eq(r.slot.peer(), other), !stays);
     }
 }
