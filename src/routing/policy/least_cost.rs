@@ -144,9 +144,10 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     let sole = held
         .sole_holder()
         .filter(|_| demand.blocks.is_later_turn() && held.knows_key());
-    let conversation = held.conversation_home().or(sole);
+    let shared_home = held.conversation_home();
+    let conversation = shared_home.or(sole);
     // A conversation's own turns leave its history only for a clear gain, a share of home's
-    // cost (where home is that peer: one left out of the candidates, unusable, sets none).
+    // cost, where home is that conversation's peer (not when its peer went unpriced, unusable).
     // Other requests, and a sole holder's turns besides, leave a peer holding most of their
     // prompt only for more than that share of the prefill they make the other peer do: a
     // copy holds the GPU it lands on and what arrives there meanwhile, which its price counts
@@ -157,7 +158,7 @@ pub fn select(view: &View, balance: &Balance, hash: u64, demand: &Demand) -> Dec
     } else {
         spill_margin
     };
-    let copy_hurdle = held.conversation_home().is_none() && home_by_share(hits[home]);
+    let copy_hurdle = shared_home.is_none() && home_by_share(hits[home]);
     for p in priced[..n].iter_mut().filter(|p| p.2 != home) {
         p.0 += if copy_hurdle {
             margin.max((copy_ms[p.2] as f64 * tuning.spill_share) as u64)
