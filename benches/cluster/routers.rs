@@ -270,10 +270,21 @@ pub enum Running {
 }
 
 impl Running {
-    pub fn access_log(&self) -> String {
-        match self {
-            Running::Prefixlb(proxies) => proxies.iter().map(Proxy::access_log).collect(),
-            Running::Other(_) => String::new(),
+    /// prefixlb's access logs once they hold a line for each of the `requests` sent, or as they
+    /// are after 2 s: the writer flushes in batches every 20 ms, so the last responses' lines
+    /// come a moment after the client has read them.
+    pub async fn access_log(&self, requests: usize) -> String {
+        let Running::Prefixlb(proxies) = self else {
+            return String::new();
+        };
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            let log: String = proxies.iter().map(Proxy::access_log).collect();
+            let lines = log.lines().filter(|l| l.contains(" peer=")).count();
+            if lines >= requests || tokio::time::Instant::now() >= deadline {
+                return log;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
 

@@ -230,7 +230,8 @@ pub async fn run(
     done.store(true, Ordering::SeqCst);
     let load = sampler.await.unwrap_or_default();
     let routes = running.routes().await;
-    let access_log = running.access_log();
+    let sent = stats.lock().unwrap().len();
+    let access_log = running.access_log(sent).await;
     running.keep_log(&format!(
         "{} {} {} {seed}",
         router.name(),

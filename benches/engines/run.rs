@@ -126,7 +126,7 @@ pub async fn pass(
         turns.extend(s.await.map_err(|e| e.to_string())?);
     }
     let wall = start.elapsed();
-    let peers = peers_of(&running.access_log());
+    let peers = peers_of(&running.access_log(turns.len()).await);
     running.keep_log(&format!("{} {} {seed}{tag}", router.name(), engines.name()));
     let learned = running
         .series("prefixlb_peer_prefill_tokens_per_second")
